@@ -1,0 +1,37 @@
+"""jaxbuf: JAX-native experience buffers for reinforcement learning.
+
+Buffers are pure functions over immutable `flax.struct` states: they run inside
+jitted training steps, vmap across environments, take explicit PRNG keys and,
+donated, update their storage in place.
+"""
+
+from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
+from jaxbuf._replay import (
+    ReplayBuffer,
+    ReplayBufferConfig,
+    ReplayBufferState,
+    ReplaySample,
+    from_data,
+    make_replay_buffer,
+)
+from jaxbuf._spaces import example_from_space
+from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AddFn",
+    "CanSampleFn",
+    "InitFn",
+    "ReplayBuffer",
+    "ReplayBufferConfig",
+    "ReplayBufferState",
+    "ReplaySample",
+    "SampleFn",
+    "VectorizedReplayBuffer",
+    "VectorizedSample",
+    "example_from_space",
+    "from_data",
+    "make_replay_buffer",
+    "vectorize",
+]

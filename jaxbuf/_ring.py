@@ -1,0 +1,44 @@
+"""Preallocated ring storage: a pytree of `[capacity, *item_shape]` arrays.
+
+Writes touch only the written rows (a scatter with unique, in-bounds indices), so
+with a donated state XLA updates the storage in place and the cost of a write is
+O(B), independent of the capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+def allocate(spec: PyTree, capacity: int) -> PyTree:
+    """Zero-filled storage for `capacity` items of the given item spec."""
+    return jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec)
+
+
+def capacity_of(storage: PyTree) -> int:
+    """The static capacity, read off the leading axis of the storage."""
+    return jax.tree_util.tree_leaves(storage)[0].shape[0]
+
+
+def write(storage: PyTree, position: jax.Array, items: PyTree) -> PyTree:
+    """Writes `items` (leaves `[B, ...]`, `B <= capacity`) at `position`, wrapping.
+
+    Item `j` goes to row `(position + j) % capacity`.
+    """
+    batch = jax.tree_util.tree_leaves(items)[0].shape[0]
+    rows = (position + jnp.arange(batch, dtype=jnp.int32)) % capacity_of(storage)
+
+    def put(column: jax.Array, values: jax.Array) -> jax.Array:
+        return column.at[rows].set(values, unique_indices=True, mode="promise_in_bounds")
+
+    return jax.tree.map(put, storage, items)
+
+
+def read(storage: PyTree, rows: jax.Array) -> PyTree:
+    """Gathers the given rows (int32 indices, all in `[0, capacity)`)."""
+    return jax.tree.map(lambda column: column.at[rows].get(mode="promise_in_bounds"), storage)

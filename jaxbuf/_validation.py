@@ -1,0 +1,142 @@
+"""Checks at the boundary: configuration at construction, pytrees at trace time.
+
+Every check raises before anything is computed, so a rejected call never touches
+a (possibly donated) state. Messages name the argument or the leaf path
+(`jax.tree_util.keystr`), what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+PyTree = Any
+
+# Largest count an int32 counter holds; buffers index storage with int32.
+MAX_INT32 = int(np.iinfo(np.int32).max)
+
+
+def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_INT32) -> int:
+    """Returns `value` as an `int`, or raises naming the argument."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got the bool {value!r}.")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {value!r} of type {type(value).__name__}."
+        ) from None
+    if not minimum <= number <= maximum:
+        raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {number}.")
+    return number
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Returns `value` if it is a bool, or raises naming the argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}.")
+    return bool(value)
+
+
+def leaf_shape_dtype(what: str, path: Any, leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and JAX dtype of an array-like leaf (float64 -> float32 without x64)."""
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or hasattr(
+        leaf, "__jax_array__"
+    ):
+        shape, dtype = tuple(leaf.shape), leaf.dtype
+    elif isinstance(leaf, (bool, int, float, complex)):
+        shape, dtype = (), np.result_type(type(leaf))
+    else:
+        raise TypeError(
+            f"{what}{jax.tree_util.keystr(path)} is a {type(leaf).__name__}; "
+            "every leaf must be an array or a scalar."
+        )
+    return shape, jax.dtypes.canonicalize_dtype(dtype)
+
+
+def item_spec(example: PyTree, what: str = "example") -> PyTree:
+    """The `jax.ShapeDtypeStruct` of every leaf of one example item."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
+    if not leaves:
+        raise ValueError(f"{what} has no array leaves; a buffer needs at least one.")
+    specs = [jax.ShapeDtypeStruct(*leaf_shape_dtype(what, p, x)) for p, x in leaves]
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _check_structure(spec: PyTree, tree: PyTree, what: str) -> None:
+    expected = jax.tree_util.tree_structure(spec)
+    got = jax.tree_util.tree_structure(tree)
+    if expected == got:
+        return
+    want = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]}
+    have = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    missing, extra = sorted(want - have), sorted(have - want)
+    if missing or extra:
+        detail = f"missing leaves {', '.join(missing) or 'none'}; "
+        detail += f"unexpected leaves {', '.join(extra) or 'none'}"
+    else:
+        detail = f"expected the structure {expected}, got {got}"
+    raise ValueError(
+        f"{what} does not have the tree structure of the buffer's items: {detail}. "
+        "Pass a pytree with the same keys and container types as the example given to init."
+    )
+
+
+def _shape_text(axes: Sequence[tuple[str, int | None]], item_shape: tuple[int, ...]) -> str:
+    """E.g. `(num_buffers, B, 3)` for a leaf with two leading axes and item shape (3,)."""
+    return "(" + ", ".join([*(name for name, _ in axes), *map(str, item_shape)]) + ")"
+
+
+def check_batch(
+    spec: PyTree,
+    tree: PyTree,
+    axes: Sequence[tuple[str, int | None]],
+    what: str = "items",
+) -> tuple[int, ...]:
+    """Checks `tree` against one item's `spec` with leading batch axes.
+
+    Args:
+      spec: `jax.ShapeDtypeStruct` leaves of one item.
+      tree: the pytree to check; each leaf has shape `[*axes, *item_shape]`.
+      axes: `(name, size)` of each leading axis; a size of None means any size,
+        the same across leaves.
+      what: how the argument is called in messages.
+
+    Returns:
+      The size of every leading axis.
+    """
+    _check_structure(spec, tree, what)
+    names = ", ".join(name for name, _ in axes)
+    sizes: list[int | None] = [size for _, size in axes]
+    first_path: list[str | None] = [None] * len(axes)
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for (path, leaf), want in zip(leaves, jax.tree_util.tree_leaves(spec), strict=True):
+        where = f"{what}{jax.tree_util.keystr(path)}"
+        shape, dtype = leaf_shape_dtype(what, path, leaf)
+        lead, rest = shape[: len(axes)], shape[len(axes) :]
+        if len(shape) != len(axes) + len(want.shape) or rest != want.shape:
+            raise ValueError(
+                f"{where} has shape {shape}; expected {_shape_text(axes, want.shape)}: "
+                f"the leading axes {names}, then the item shape {want.shape}."
+            )
+        for i, (name, size) in enumerate(axes):
+            if sizes[i] is None:
+                sizes[i], first_path[i] = lead[i], where
+            elif lead[i] != sizes[i]:
+                source = (
+                    f"{first_path[i]} has {sizes[i]}" if first_path[i] else f"it must be {size}"
+                )
+                raise ValueError(
+                    f"{where} has {name}={lead[i]} (shape {shape}), but {source}. "
+                    f"Every leaf needs the same leading axes [{names}]."
+                )
+        if dtype != want.dtype:
+            raise TypeError(
+                f"{where} has dtype {dtype}; expected {want.dtype}. jaxbuf never casts "
+                f"silently: convert with .astype({want.dtype.name!r}) if that is intended."
+            )
+    return tuple(int(s) for s in sizes)  # type: ignore[arg-type]

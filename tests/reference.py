@@ -1,0 +1,33 @@
+"""Plain Python/NumPy reference models that jaxbuf is compared against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RingBuffer:
+    """A FIFO ring of items, one Python-level write per item.
+
+    Items are dicts of NumPy arrays; `add` takes leaves `[B, ...]`.
+    """
+
+    def __init__(self, capacity: int, example: dict[str, np.ndarray]):
+        self.capacity = capacity
+        self.storage = {k: np.zeros((capacity, *np.shape(v)), np.asarray(v).dtype)
+                        for k, v in example.items()}  # fmt: skip
+        self.position = 0
+        self.size = 0
+
+    def add(self, items: dict[str, np.ndarray]) -> None:
+        batch = len(next(iter(items.values())))
+        for j in range(batch):
+            for k, column in self.storage.items():
+                column[self.position] = items[k][j]
+            self.position = (self.position + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+
+    def stored(self) -> dict[str, np.ndarray]:
+        """The stored items, oldest first."""
+        start = self.position if self.size == self.capacity else 0
+        order = (start + np.arange(self.size)) % self.capacity
+        return {k: v[order] for k, v in self.storage.items()}
