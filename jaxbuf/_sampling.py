@@ -1,10 +1,53 @@
-"""Drawing batches of integer indices from `[0, n)` with a traced `n`."""
+"""Drawing batches of integer indices from `[0, n)` with a traced `n`.
+
+Every draw is a deterministic function of the caller's PRNG key. One
+`jax.random.bits` call turns the key into a 64-bit seed, and a keyed integer
+hash expands it into one 32-bit word per index: `fmix32(fmix32(j * phi + s0) ^ s1)`
+for `j = 0, 1, ...`, with murmur3's finalizer `fmix32`, a bijection of 32-bit
+words with full avalanche. A word `w` maps to `floor(w * n / 2**32)`
+(multiply-high), so no value of `[0, n)` has probability off by more than
+`n / 2**32` in relative terms (2e-4 at n = 1e6), the same kind of bias as
+`jax.random.randint`. On CPU this costs about a third of drawing the indices
+with `jax.random.randint`, whose threefry rounds dominate a replay `sample`.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive counters
+
+
+def _fmix32(x: jax.Array) -> jax.Array:
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def random_words(key: jax.Array, count: int) -> jax.Array:
+    """`count` pseudo-random uint32 words derived from `key`."""
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    counter = jnp.arange(count, dtype=jnp.uint32)
+    return _fmix32(_fmix32(counter * jnp.uint32(_GOLDEN) + seed[0]) ^ seed[1])
+
+
+def scale_below(words: jax.Array, n: jax.Array) -> jax.Array:
+    """`floor(words * n / 2**32)` as int32, exactly, in 32-bit arithmetic.
+
+    Args:
+      words: uint32 words.
+      n: int32 bounds in `[0, 2**31)`, broadcastable against `words`.
+    """
+    n = n.astype(jnp.uint32)
+    w_hi, w_lo = words >> 16, words & 0xFFFF
+    n_hi, n_lo = n >> 16, n & 0xFFFF
+    cross_1, cross_2 = w_hi * n_lo, w_lo * n_hi
+    carry = ((w_lo * n_lo >> 16) + (cross_1 & 0xFFFF) + (cross_2 & 0xFFFF)) >> 16
+    return (w_hi * n_hi + (cross_1 >> 16) + (cross_2 >> 16) + carry).astype(jnp.int32)
 
 
 def uniform_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
@@ -18,7 +61,7 @@ def uniform_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     Returns:
       int32 `[count]`.
     """
-    return jax.random.randint(key, (count,), 0, jnp.maximum(n, 1), dtype=jnp.int32)
+    return scale_below(random_words(key, count), n)
 
 
 def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
@@ -37,17 +80,17 @@ def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     Returns:
       int32 `[count]`.
     """
-    draw_key, order_key = jax.random.split(key)
+    words = random_words(key, 2 * count)
     population = jnp.maximum(n, count)
     # Floyd: for j = population - count, ..., population - 1 draw t in [0, j];
     # take t unless already taken, else take j (never taken before).
     tops = population - count + jnp.arange(count, dtype=jnp.int32)
-    draws = jax.random.randint(draw_key, (count,), 0, tops + 1, dtype=jnp.int32)
+    draws = scale_below(words[:count], tops + 1)
 
     def step(chosen: jax.Array, j: jax.Array) -> tuple[jax.Array, None]:
         pick = jnp.where(jnp.any(chosen == draws[j]), tops[j], draws[j])
         return chosen.at[j].set(pick), None
 
     chosen, _ = lax.scan(step, jnp.full((count,), -1, jnp.int32), jnp.arange(count))
-    chosen = jax.random.permutation(order_key, chosen)
-    return chosen % jnp.maximum(n, 1)
+    shuffled = chosen[jnp.argsort(words[count:])]
+    return shuffled % jnp.maximum(n, 1)

@@ -1,0 +1,79 @@
+"""Shared benchmark plumbing: the machine and versions, and result files."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict:
+    """What the numbers were measured on."""
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "backend": jax.default_backend(),
+        "device": getattr(device, "device_kind", str(device)),
+        "device_count": jax.device_count(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {p: _version(p) for p in ("jaxbuf", "jax", "jaxlib", "flax", "flashbax")},
+    }
+
+
+def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str) -> None:
+    """Writes `<name>_<backend>.json` and `.md` (a table of `columns`) under `out`."""
+    env = environment()
+    folder = pathlib.Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{name}_{env['backend']}"
+    stem.with_suffix(".json").write_text(
+        json.dumps({"environment": env, "results": rows}, indent=2)
+    )
+    header = "| " + " | ".join(title for title, _, _ in columns) + " |"
+    lines = [
+        f"# {doc.strip().splitlines()[0]}",
+        "",
+        f"Measured {env['date']} on {env['device']} ({env['backend']}; {env['cpu']}, "
+        f"{env['cpu_count']} cores), Python {env['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+        + ".",
+        "",
+        header,
+        "|" + "---|" * len(columns),
+        *(
+            "| " + " | ".join(fmt.format(row[key]) for _, key, fmt in columns) + " |"
+            for row in rows
+        ),
+        "",
+        "```text",
+        doc.strip(),
+        "```",
+        "",
+    ]
+    stem.with_suffix(".md").write_text("\n".join(lines))
+    print(f"wrote {stem}.json and {stem}.md")

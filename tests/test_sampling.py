@@ -1,0 +1,53 @@
+"""Index draws: exact arithmetic, uniformity, independence, determinism."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from jaxbuf import _sampling
+
+
+def test_scale_below_is_the_exact_multiply_high():
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 2**32, size=5000, dtype=np.uint64)
+    words[:4] = [0, 1, 2**32 - 1, 2**31]
+    bounds = rng.integers(0, 2**31, size=5000, dtype=np.uint64)
+    bounds[:4] = [2**31 - 1, 1, 2**31 - 1, 3]
+    expected = (words * bounds) >> np.uint64(32)
+    got = jax.jit(_sampling.scale_below)(
+        jnp.asarray(words.astype(np.uint32)), jnp.asarray(bounds.astype(np.int32))
+    )
+    np.testing.assert_array_equal(np.asarray(got), expected.astype(np.int64))
+
+
+def draws(n: int, count: int, num_keys: int) -> np.ndarray:
+    keys = jax.random.split(jax.random.key(11), num_keys)
+    sample = jax.jit(jax.vmap(_sampling.uniform_indices, in_axes=(0, None, None)), static_argnums=2)
+    return np.asarray(sample(keys, jnp.int32(n), count))
+
+
+def test_uniform_indices_are_uniform_and_in_range():
+    for n in (1, 7, 1000, 2**31 - 1):
+        values = draws(n, 64, 400)
+        assert values.min() >= 0 and values.max() < n
+    values = draws(37, 256, 400)
+    assert stats.chisquare(np.bincount(values.ravel(), minlength=37)).pvalue > 1e-3
+
+
+def test_draws_are_pairwise_independent_within_and_across_batches():
+    values = draws(16, 256, 400)
+    within = values[:, :-1] * 16 + values[:, 1:]  # neighbours in one batch
+    across = values[:-1] * 16 + values[1:]  # the same position, consecutive keys
+    for pairs in (within, across):
+        assert stats.chisquare(np.bincount(pairs.ravel(), minlength=256)).pvalue > 1e-3
+
+
+def test_draws_depend_only_on_the_key_and_work_with_raw_keys():
+    typed = _sampling.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
+    again = _sampling.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
+    raw = _sampling.uniform_indices(jax.random.PRNGKey(3), jnp.int32(100), 8)
+    other = _sampling.uniform_indices(jax.random.key(4), jnp.int32(100), 8)
+    np.testing.assert_array_equal(typed, again)
+    np.testing.assert_array_equal(typed, raw)
+    assert not np.array_equal(typed, other)
