@@ -66,34 +66,11 @@ def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repe
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
-class Jaxbuf:
-    name = "jaxbuf"
+class Adapter:
+    """The calls the benchmark makes, for any buffer with init/add/sample."""
 
-    def __init__(self, capacity: int):
-        self.buffer = jaxbuf.make_replay_buffer(capacity, SAMPLE_BATCH)
-        self.capacity = capacity
-
-    def fill(self, items_fn) -> object:
-        state = self.buffer.init(EXAMPLE)
-        return jax.jit(self.buffer.add, donate_argnums=0)(state, items_fn(self.capacity))
-
-    def add(self, state, items):
-        return self.buffer.add(state, items)
-
-    def sample(self, state, key):
-        return self.buffer.sample(state, key).experience
-
-
-class Flashbax:
-    name = "flashbax"
-
-    def __init__(self, capacity: int):
-        import flashbax as fbx
-
-        self.buffer = fbx.make_item_buffer(
-            max_length=capacity, min_length=1, sample_batch_size=SAMPLE_BATCH, add_batches=True
-        )
-        self.capacity = capacity
+    def __init__(self, name: str, buffer, capacity: int):
+        self.name, self.buffer, self.capacity = name, buffer, capacity
 
     def fill(self, items_fn) -> object:
         state = self.buffer.init(EXAMPLE)
@@ -104,6 +81,19 @@ class Flashbax:
 
     def sample(self, state, key):
         return self.buffer.sample(state, key).experience
+
+
+def jaxbuf_adapter(capacity: int) -> Adapter:
+    return Adapter("jaxbuf", jaxbuf.make_replay_buffer(capacity, SAMPLE_BATCH), capacity)
+
+
+def flashbax_adapter(capacity: int) -> Adapter:
+    import flashbax as fbx
+
+    buffer = fbx.make_item_buffer(
+        max_length=capacity, min_length=1, sample_batch_size=SAMPLE_BATCH, add_batches=True
+    )
+    return Adapter("flashbax", buffer, capacity)
 
 
 def floor_gather(storage, rows):
@@ -185,8 +175,8 @@ def floor_cases(capacity: int, calls: int) -> dict:
 
 def measure(capacity: int, calls: int, repeats: int) -> dict:
     cases: dict = {}
-    for impl_cls in (Jaxbuf, Flashbax):
-        impl = impl_cls(capacity)
+    for make_adapter in (jaxbuf_adapter, flashbax_adapter):
+        impl = make_adapter(capacity)
         cases |= standalone_cases(impl, calls, repeats) | scan_case(impl)
     cases |= floor_cases(capacity, calls)
     times = interleaved_medians(cases, repeats)
