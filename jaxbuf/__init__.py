@@ -14,6 +14,7 @@ from jaxbuf._replay import (
     from_data,
     make_replay_buffer,
 )
+from jaxbuf._returns import discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuf._spaces import example_from_space
 from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
 
@@ -30,8 +31,12 @@ __all__ = [
     "SampleFn",
     "VectorizedReplayBuffer",
     "VectorizedSample",
+    "discounted_returns",
     "example_from_space",
     "from_data",
+    "gae",
+    "lambda_returns",
     "make_replay_buffer",
+    "n_step_returns",
     "vectorize",
 ]

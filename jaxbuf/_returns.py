@@ -1,0 +1,315 @@
+"""Return and advantage estimators with termination and truncation done right.
+
+All arrays are time-major, `[T, *batch]`, with any number of batch axes. For
+the step taken at time `t`:
+
+- `rewards[t]`: the reward received after it;
+- `values[t]`: the value estimate of the observation it was taken from;
+- `next_values[t]`: the value estimate of the TRUE next observation. After a
+  time-limit truncation that is the final observation of the episode, not the
+  reset observation that auto-resetting environments return;
+- `terminated[t]`: the episode ended in a terminal state: nothing follows, no
+  bootstrap;
+- `truncated[t]`: the episode was cut (time limit): bootstrap from
+  `next_values[t]`, but do not carry later steps (another episode) back.
+
+The end of the arrays is treated as a truncation: every estimator bootstraps
+from `next_values[T-1]` there. Pass zeros as `next_values` for returns without
+bootstrap. `discount` and lambdas are scalars or arrays broadcastable to
+`[T, *batch]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxbuf._validation import check_int
+
+_METHODS = ("scan", "associative")
+
+
+def _time_major(**arrays: Any) -> tuple[jax.Array, ...]:
+    """Checks that the arrays share one `[T, *batch]` shape and proper dtypes."""
+    shape = None
+    out = []
+    for name, array in arrays.items():
+        array = jnp.asarray(array)
+        if array.ndim < 1 or array.shape[0] < 1:
+            raise ValueError(
+                f"{name} must be time-major [T, *batch] with T >= 1, got {array.shape}."
+            )
+        if shape is None:
+            shape, first = array.shape, name
+        elif array.shape != shape:
+            raise ValueError(f"{name} has shape {array.shape}, but {first} has {shape}.")
+        flag = name in ("terminated", "truncated")
+        if flag and array.dtype != jnp.bool_:
+            raise TypeError(
+                f"{name} must be a bool array, got {array.dtype}; use `x > 0` or .astype(bool)."
+            )
+        if not flag and not jnp.issubdtype(array.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating array, got {array.dtype}.")
+        out.append(array)
+    floats = {
+        a.dtype for n, a in zip(arrays, out, strict=True) if n not in ("terminated", "truncated")
+    }
+    if len(floats) > 1:
+        raise TypeError(
+            f"rewards and values must share one float dtype, got {sorted(map(str, floats))}."
+        )
+    return tuple(out)
+
+
+def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
+    """A discount or lambda broadcast to `like`'s shape, in its dtype."""
+    if isinstance(value, (int, float)) and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+    value = jnp.asarray(value, like.dtype)
+    try:
+        return jnp.broadcast_to(value, like.shape)
+    except ValueError:
+        raise ValueError(
+            f"{name} has shape {value.shape}, which does not broadcast to "
+            f"[T, *batch] = {like.shape}."
+        ) from None
+
+
+def _solve_backwards(deltas: jax.Array, coefficients: jax.Array, method: str) -> jax.Array:
+    """`x_t = deltas_t + coefficients_t * x_{t+1}` for t = T-1, ..., 0, with `x_T = 0`."""
+    if method == "scan":
+
+        def step(carry: jax.Array, inputs: tuple[jax.Array, jax.Array]):
+            delta, coefficient = inputs
+            carry = delta + coefficient * carry
+            return carry, carry
+
+        _, solution = lax.scan(
+            step, jnp.zeros_like(deltas[0]), (deltas, coefficients), reverse=True
+        )
+        return solution
+    if method == "associative":
+        # An element (c, d) is the map x -> d + c * x. With reverse=True the scan
+        # composes the maps of later times (`later`) into each earlier one.
+        def compose(later, earlier):
+            return earlier[0] * later[0], earlier[1] + earlier[0] * later[1]
+
+        return lax.associative_scan(compose, (coefficients, deltas), reverse=True)[1]
+    raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    *,
+    discount: Any,
+    gae_lambda: Any,
+    method: str = "scan",
+) -> tuple[jax.Array, jax.Array]:
+    r"""Generalized advantage estimation (Schulman et al., 2016).
+
+    With `done_t = terminated_t | truncated_t`:
+
+    .. math::
+      \delta_t = r_t + \gamma_t (1 - \mathrm{terminated}_t) V'_t - V_t \\
+      A_t = \delta_t + \gamma_t \lambda_t (1 - \mathrm{done}_t) A_{t+1}, \quad A_T = 0 \\
+      R_t = A_t + V_t
+
+    where `V'` is `next_values`. With `lambda = 1`, `R` is `discounted_returns`;
+    with `lambda = 0`, `A` is the one-step TD error.
+
+    Args:
+      rewards: `[T, *batch]`, rewards after the steps at times `[0, T)`.
+      values: `[T, *batch]`, values of the observations at times `[0, T)`.
+      next_values: `[T, *batch]`, values of the true next observations.
+      terminated: bool `[T, *batch]`.
+      truncated: bool `[T, *batch]`.
+      discount: `gamma`, scalar or broadcastable to `[T, *batch]`.
+      gae_lambda: `lambda`, scalar or broadcastable to `[T, *batch]`.
+      method: `"scan"` (`lax.scan`, reverse) or `"associative"`
+        (`lax.associative_scan`: logarithmic depth, for long horizons on
+        accelerators); they agree to float32 precision.
+
+    Returns:
+      `(advantages, returns)`, both `[T, *batch]`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> rewards = jnp.ones(3)
+      >>> values = next_values = jnp.zeros(3)
+      >>> flags = jnp.array([False, False, False])
+      >>> advantages, _ = jaxbuf.gae(rewards, values, next_values, flags, flags,
+      ...                            discount=0.5, gae_lambda=1.0)
+      >>> advantages.tolist()
+      [1.75, 1.5, 1.0]
+    """
+    rewards, values, next_values, terminated, truncated = _time_major(
+        rewards=rewards, values=values, next_values=next_values,
+        terminated=terminated, truncated=truncated,
+    )  # fmt: skip
+    discount = _coefficient("discount", discount, rewards)
+    gae_lambda = _coefficient("gae_lambda", gae_lambda, rewards)
+    not_terminated = 1 - terminated.astype(rewards.dtype)
+    not_done = 1 - (terminated | truncated).astype(rewards.dtype)
+    deltas = rewards + discount * not_terminated * next_values - values
+    advantages = _solve_backwards(deltas, discount * gae_lambda * not_done, method)
+    return advantages, advantages + values
+
+
+def lambda_returns(
+    rewards: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    *,
+    discount: Any,
+    lambda_: Any,
+    method: str = "scan",
+) -> jax.Array:
+    r"""TD(lambda) returns, bootstrapped from `next_values`.
+
+    With `boot_t = truncated_t or t = T - 1`:
+
+    .. math::
+      G_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
+            \begin{cases} V'_t & \mathrm{boot}_t \\
+            (1 - \lambda_t) V'_t + \lambda_t G_{t+1} & \text{otherwise} \end{cases}
+
+    Args:
+      rewards: `[T, *batch]`.
+      next_values: `[T, *batch]`, values of the true next observations.
+      terminated: bool `[T, *batch]`.
+      truncated: bool `[T, *batch]`.
+      discount: scalar or broadcastable to `[T, *batch]`.
+      lambda_: scalar or broadcastable to `[T, *batch]`.
+      method: `"scan"` or `"associative"`, as for `gae`.
+
+    Returns:
+      `[T, *batch]`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> flags = jnp.zeros(2, bool)
+      >>> jaxbuf.lambda_returns(jnp.ones(2), jnp.full(2, 10.0), flags, flags,
+      ...                       discount=0.5, lambda_=0.5).tolist()
+      [5.0, 6.0]
+    """
+    rewards, next_values, terminated, truncated = _time_major(
+        rewards=rewards, next_values=next_values, terminated=terminated, truncated=truncated
+    )
+    discount = _coefficient("discount", discount, rewards)
+    lambda_ = _coefficient("lambda_", lambda_, rewards)
+    carry = _carries(terminated, truncated, rewards.dtype) * lambda_
+    # G_t = [r_t + g_t (1 - term_t)(1 - carry_t) V'_t] + g_t (1 - term_t) carry_t G_{t+1}
+    live = discount * (1 - terminated.astype(rewards.dtype))
+    return _solve_backwards(rewards + live * (1 - carry) * next_values, live * carry, method)
+
+
+def _carries(terminated: jax.Array, truncated: jax.Array, dtype: Any) -> jax.Array:
+    """1 where the next step continues the episode inside the arrays, else 0."""
+    boot = truncated.at[-1].set(True)
+    return 1 - (boot | terminated).astype(dtype)
+
+
+def discounted_returns(
+    rewards: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    *,
+    discount: Any,
+    method: str = "scan",
+) -> jax.Array:
+    r"""Discounted rewards-to-go (the PPO buffer's `discount_cumsum`), bootstrapped.
+
+    With `boot_t = truncated_t or t = T - 1`:
+
+    .. math::
+      G_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
+            \begin{cases} V'_t & \mathrm{boot}_t \\ G_{t+1} & \text{otherwise} \end{cases}
+
+    Pass `next_values = 0` for plain Monte-Carlo returns of complete episodes.
+
+    Args:
+      rewards: `[T, *batch]`.
+      next_values: `[T, *batch]`, values of the true next observations.
+      terminated: bool `[T, *batch]`.
+      truncated: bool `[T, *batch]`.
+      discount: scalar or broadcastable to `[T, *batch]`.
+      method: `"scan"` or `"associative"`, as for `gae`.
+
+    Returns:
+      `[T, *batch]`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> terminated = jnp.array([False, True, False])
+      >>> truncated = jnp.zeros(3, bool)
+      >>> jaxbuf.discounted_returns(jnp.ones(3), jnp.full(3, 4.0), terminated, truncated,
+      ...                           discount=0.5).tolist()
+      [1.5, 1.0, 3.0]
+    """
+    return lambda_returns(
+        rewards, next_values, terminated, truncated, discount=discount, lambda_=1.0, method=method
+    )
+
+
+def n_step_returns(
+    rewards: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    *,
+    discount: Any,
+    n: int,
+) -> jax.Array:
+    r"""n-step returns: `n` rewards, then the bootstrap, cut at episode ends.
+
+    .. math::
+      G^{(1)}_t = r_t + \gamma_t (1 - \mathrm{terminated}_t) V'_t \\
+      G^{(k)}_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
+            \begin{cases} V'_t & \mathrm{boot}_t \\ G^{(k-1)}_{t+1} & \text{otherwise}
+            \end{cases}
+
+    with `boot_t = truncated_t or t = T - 1`: the sum stops at the first
+    termination (no bootstrap), truncation or end of the arrays (bootstrap
+    from `next_values` there), whichever comes within `n` steps.
+
+    Args:
+      rewards: `[T, *batch]`.
+      next_values: `[T, *batch]`, values of the true next observations.
+      terminated: bool `[T, *batch]`.
+      truncated: bool `[T, *batch]`.
+      discount: scalar or broadcastable to `[T, *batch]`.
+      n: the static number of steps, `n >= 1`.
+
+    Returns:
+      `[T, *batch]`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> flags = jnp.zeros(3, bool)
+      >>> jaxbuf.n_step_returns(jnp.ones(3), jnp.full(3, 8.0), flags, flags,
+      ...                       discount=0.5, n=2).tolist()
+      [3.5, 3.5, 5.0]
+    """
+    n = check_int("n", n)
+    rewards, next_values, terminated, truncated = _time_major(
+        rewards=rewards, next_values=next_values, terminated=terminated, truncated=truncated
+    )
+    discount = _coefficient("discount", discount, rewards)
+    live = discount * (1 - terminated.astype(rewards.dtype))
+    carry = _carries(terminated, truncated, rewards.dtype)
+    one_step = rewards + live * next_values
+
+    def extend(_, returns: jax.Array) -> jax.Array:
+        later = jnp.concatenate([returns[1:], returns[-1:]])  # the last is never carried
+        return rewards + live * jnp.where(carry > 0, later, next_values)
+
+    return lax.fori_loop(1, n, extend, one_step)
