@@ -15,12 +15,21 @@ from jaxbuf._replay import (
     make_replay_buffer,
 )
 from jaxbuf._returns import discounted_returns, gae, lambda_returns, n_step_returns
+from jaxbuf._rollout import (
+    STEP_KEYS,
+    RolloutBatch,
+    RolloutBuffer,
+    RolloutBufferConfig,
+    RolloutBufferState,
+    make_rollout_buffer,
+)
 from jaxbuf._spaces import example_from_space
 from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "STEP_KEYS",
     "AddFn",
     "CanSampleFn",
     "InitFn",
@@ -28,6 +37,10 @@ __all__ = [
     "ReplayBufferConfig",
     "ReplayBufferState",
     "ReplaySample",
+    "RolloutBatch",
+    "RolloutBuffer",
+    "RolloutBufferConfig",
+    "RolloutBufferState",
     "SampleFn",
     "VectorizedReplayBuffer",
     "VectorizedSample",
@@ -37,6 +50,7 @@ __all__ = [
     "gae",
     "lambda_returns",
     "make_replay_buffer",
+    "make_rollout_buffer",
     "n_step_returns",
     "vectorize",
 ]

@@ -64,11 +64,23 @@ def _time_major(**arrays: Any) -> tuple[jax.Array, ...]:
     return tuple(out)
 
 
-def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
-    """A discount or lambda broadcast to `like`'s shape, in its dtype."""
+def check_method(method: str) -> str:
+    """Returns `method` if it names a way of solving the recurrence, else raises."""
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
+    return method
+
+
+def check_coefficient(name: str, value: Any) -> Any:
+    """Returns a discount or lambda, raising if it is a Python number outside [0, 1]."""
     if isinstance(value, (int, float)) and not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}.")
-    value = jnp.asarray(value, like.dtype)
+    return value
+
+
+def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
+    """A discount or lambda broadcast to `like`'s shape, in its dtype."""
+    value = jnp.asarray(check_coefficient(name, value), like.dtype)
     try:
         return jnp.broadcast_to(value, like.shape)
     except ValueError:
@@ -80,7 +92,7 @@ def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
 
 def _solve_backwards(deltas: jax.Array, coefficients: jax.Array, method: str) -> jax.Array:
     """`x_t = deltas_t + coefficients_t * x_{t+1}` for t = T-1, ..., 0, with `x_T = 0`."""
-    if method == "scan":
+    if check_method(method) == "scan":
 
         def step(carry: jax.Array, inputs: tuple[jax.Array, jax.Array]):
             delta, coefficient = inputs
@@ -91,14 +103,13 @@ def _solve_backwards(deltas: jax.Array, coefficients: jax.Array, method: str) ->
             step, jnp.zeros_like(deltas[0]), (deltas, coefficients), reverse=True
         )
         return solution
-    if method == "associative":
-        # An element (c, d) is the map x -> d + c * x. With reverse=True the scan
-        # composes the maps of later times (`later`) into each earlier one.
-        def compose(later, earlier):
-            return earlier[0] * later[0], earlier[1] + earlier[0] * later[1]
 
-        return lax.associative_scan(compose, (coefficients, deltas), reverse=True)[1]
-    raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
+    # An element (c, d) is the map x -> d + c * x. With reverse=True the scan composes the
+    # maps of later times (`later`) into each earlier one.
+    def compose(later, earlier):
+        return earlier[0] * later[0], earlier[1] + earlier[0] * later[1]
+
+    return lax.associative_scan(compose, (coefficients, deltas), reverse=True)[1]
 
 
 def gae(

@@ -88,7 +88,8 @@ def _check_structure(spec: PyTree, tree: PyTree, what: str) -> None:
 
 def _shape_text(axes: Sequence[tuple[str, int | None]], item_shape: tuple[int, ...]) -> str:
     """E.g. `(num_buffers, B, 3)` for a leaf with two leading axes and item shape (3,)."""
-    return "(" + ", ".join([*(name for name, _ in axes), *map(str, item_shape)]) + ")"
+    parts = [*(name for name, _ in axes), *map(str, item_shape)]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
 def check_batch(
@@ -119,9 +120,9 @@ def check_batch(
         shape, dtype = leaf_shape_dtype(what, path, leaf)
         lead, rest = shape[: len(axes)], shape[len(axes) :]
         if len(shape) != len(axes) + len(want.shape) or rest != want.shape:
+            detail = f": the leading axes {names}, then the item shape {want.shape}" if axes else ""
             raise ValueError(
-                f"{where} has shape {shape}; expected {_shape_text(axes, want.shape)}: "
-                f"the leading axes {names}, then the item shape {want.shape}."
+                f"{where} has shape {shape}; expected {_shape_text(axes, want.shape)}{detail}."
             )
         for i, (name, size) in enumerate(axes):
             if sizes[i] is None:

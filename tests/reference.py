@@ -31,3 +31,13 @@ class RingBuffer:
         start = self.position if self.size == self.capacity else 0
         order = (start + np.arange(self.size)) % self.capacity
         return {k: v[order] for k, v in self.storage.items()}
+
+
+def np_gae(r, v, nv, term, trunc, gamma, lam):
+    """GAE by a Python loop over time; arrays `[T, ...]`, coefficients full-shaped."""
+    advantages, following = np.zeros_like(r), np.zeros_like(r[0])
+    for t in reversed(range(len(r))):
+        delta = r[t] + gamma[t] * (1 - term[t]) * nv[t] - v[t]
+        following = delta + gamma[t] * lam[t] * (1 - (term[t] | trunc[t])) * following
+        advantages[t] = following
+    return advantages, advantages + v

@@ -6,19 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import np_gae
 
 import jaxbuf
 
 # --- NumPy references: one Python loop over time each, written from the math. ---
-
-
-def np_gae(r, v, nv, term, trunc, gamma, lam):
-    advantages, following = np.zeros_like(r), np.zeros_like(r[0])
-    for t in reversed(range(len(r))):
-        delta = r[t] + gamma[t] * (1 - term[t]) * nv[t] - v[t]
-        following = delta + gamma[t] * lam[t] * (1 - (term[t] | trunc[t])) * following
-        advantages[t] = following
-    return advantages, advantages + v
 
 
 def np_lambda_returns(r, nv, term, trunc, gamma, lam):

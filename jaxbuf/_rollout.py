@@ -1,0 +1,262 @@
+"""On-policy rollout storage: `[num_steps, num_envs]` steps, GAE, shuffled minibatches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+
+from jaxbuf import _returns, _ring, _validation
+
+PyTree = Any
+
+#: Keys every step must have, and what each one holds (per environment).
+STEP_KEYS = {
+    "reward": "float scalar: the reward received after the step",
+    "value": "float scalar: the value estimate of the observation the step was taken from",
+    "terminated": "bool scalar: the episode ended in a terminal state",
+    "truncated": "bool scalar: the episode was cut (time limit)",
+    "final_value": "float scalar: the value of the final observation where truncated "
+    "(read only where truncated is true)",
+}
+
+
+@struct.dataclass
+class RolloutBufferState:
+    """State of a rollout buffer.
+
+    Attributes:
+      steps: the stored steps, a dict with leaves `[num_steps, num_envs, ...]`.
+      size: int32 scalar, the number of stored time steps (at most `num_steps`).
+      dropped: int32 scalar, the number of `add` calls made while full, whose
+        steps were not stored.
+      advantages: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
+      returns: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
+    """
+
+    steps: PyTree
+    size: jax.Array
+    dropped: jax.Array
+    advantages: jax.Array
+    returns: jax.Array
+
+
+@struct.dataclass
+class RolloutBatch:
+    """Shuffled minibatches of a finished rollout.
+
+    Attributes:
+      experience: the steps, leaves `[num_minibatches, batch, ...]`.
+      advantages: `[num_minibatches, batch]`, normalized if the buffer says so.
+      returns: `[num_minibatches, batch]`, the value targets.
+      valid: bool `[num_minibatches, batch]`, false for slots beyond `size` (all
+        true for a full rollout).
+    """
+
+    experience: PyTree
+    advantages: jax.Array
+    returns: jax.Array
+    valid: jax.Array
+
+
+class RolloutBufferConfig(NamedTuple):
+    """The validated configuration of a rollout buffer."""
+
+    num_steps: int
+    num_envs: int
+    discount: float
+    gae_lambda: float
+    normalize_advantages: bool
+    method: str
+
+
+class RolloutBuffer(NamedTuple):
+    """The pure functions of a rollout buffer, and its configuration."""
+
+    init: Any
+    add: Any
+    finish: Any
+    minibatches: Any
+    clear: Any
+    config: RolloutBufferConfig
+
+
+def _check_example(example: Any) -> PyTree:
+    if not isinstance(example, Mapping):
+        raise TypeError(f"example_step must be a dict with the keys {list(STEP_KEYS)}.")
+    missing = [key for key in STEP_KEYS if key not in example]
+    if missing:
+        raise ValueError(f"example_step lacks {missing}; every step needs {STEP_KEYS}.")
+    spec = _validation.item_spec(example, "example_step")
+    for key in STEP_KEYS:
+        want_bool = key in ("terminated", "truncated")
+        leaf = spec[key]
+        ok = leaf.dtype == jnp.bool_ if want_bool else jnp.issubdtype(leaf.dtype, jnp.floating)
+        if leaf.shape != () or not ok:
+            kind = "bool" if want_bool else "float"
+            raise TypeError(
+                f"example_step[{key!r}] must be a {kind} scalar (one environment's "
+                f"{key}), got shape {leaf.shape} and dtype {leaf.dtype}."
+            )
+    if (
+        spec["reward"].dtype != spec["value"].dtype
+        or spec["value"].dtype != spec["final_value"].dtype
+    ):
+        raise TypeError("example_step's reward, value and final_value must share one float dtype.")
+    return spec
+
+
+def _coefficient(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python number in [0, 1], got {value!r}.")
+    return float(_returns.check_coefficient(name, value))
+
+
+def make_rollout_buffer(
+    num_steps: int,
+    num_envs: int,
+    *,
+    discount: float,
+    gae_lambda: float,
+    normalize_advantages: bool = True,
+    method: str = "scan",
+) -> RolloutBuffer:
+    """Makes an on-policy rollout buffer (PPO): store steps, compute GAE, minibatch.
+
+    A step is a dict holding, per environment, at least the keys of `STEP_KEYS`:
+    `reward`, `value`, `terminated`, `truncated` and `final_value` (the value of
+    the true final observation of a truncated episode), plus anything else
+    (observation, action, log-probability). A rollout holds `num_steps` steps;
+    an `add` to a full rollout stores nothing and counts the step in
+    `state.dropped`. `finish` bootstraps the last stored step from `last_value`
+    (unless that step ended its episode). `clear` starts the next rollout.
+
+    Args:
+      num_steps: time steps per rollout.
+      num_envs: environments stepped together.
+      discount: `gamma` of GAE.
+      gae_lambda: `lambda` of GAE.
+      normalize_advantages: whether `minibatches` rescales the advantages to
+        zero mean and unit standard deviation over the whole rollout.
+      method: `"scan"` or `"associative"`, as for `jaxbuf.gae`.
+
+    Returns:
+      A `RolloutBuffer` of pure functions `init(example_step)`, `add(state, step)`
+      with leaves `[num_envs, ...]`, `finish(state, last_value)` with
+      `last_value` `[num_envs]`, `minibatches(state, key, num_minibatches)` and
+      `clear(state)`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95)
+      >>> step = {"obs": jnp.zeros(3), "reward": 0.0, "value": 0.0, "final_value": 0.0,
+      ...         "terminated": False, "truncated": False}
+      >>> state = buffer.init(step)
+      >>> for _ in range(4):
+      ...     state = buffer.add(state, jax.tree.map(lambda x: jnp.stack([x, x]), step))
+      >>> state = buffer.finish(state, last_value=jnp.zeros(2))
+      >>> batch = buffer.minibatches(state, jax.random.key(0), num_minibatches=2)
+      >>> batch.experience["obs"].shape, batch.advantages.shape
+      ((2, 4, 3), (2, 4))
+    """
+    config = RolloutBufferConfig(
+        num_steps=_validation.check_int("num_steps", num_steps),
+        num_envs=_validation.check_int("num_envs", num_envs),
+        discount=_coefficient("discount", discount),
+        gae_lambda=_coefficient("gae_lambda", gae_lambda),
+        normalize_advantages=_validation.check_bool("normalize_advantages", normalize_advantages),
+        method=_returns.check_method(method),
+    )
+    if config.num_steps * config.num_envs > _validation.MAX_INT32:
+        raise ValueError("num_steps * num_envs must fit in int32.")
+    shape = (config.num_steps, config.num_envs)
+
+    def init(example_step: PyTree) -> RolloutBufferState:
+        spec = _check_example(example_step)
+        per_env = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((config.num_envs, *s.shape), s.dtype), spec
+        )
+        dtype = spec["value"].dtype
+        return RolloutBufferState(
+            steps=_ring.allocate(per_env, config.num_steps),
+            size=jnp.zeros((), jnp.int32),
+            dropped=jnp.zeros((), jnp.int32),
+            advantages=jnp.zeros(shape, dtype),
+            returns=jnp.zeros(shape, dtype),
+        )
+
+    def add(state: RolloutBufferState, step: PyTree) -> RolloutBufferState:
+        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), state.steps)
+        _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
+        full = state.size >= config.num_steps
+        row = jnp.minimum(state.size, config.num_steps - 1)
+
+        def put(column: jax.Array, value: jax.Array) -> jax.Array:
+            old = lax.dynamic_index_in_dim(column, row, keepdims=False)
+            return lax.dynamic_update_index_in_dim(column, jnp.where(full, old, value), row, 0)
+
+        return state.replace(
+            steps=jax.tree.map(put, state.steps, step),
+            size=state.size + (~full).astype(jnp.int32),
+            dropped=state.dropped + full.astype(jnp.int32),
+        )
+
+    def finish(state: RolloutBufferState, last_value: jax.Array) -> RolloutBufferState:
+        steps = state.steps
+        want = jax.ShapeDtypeStruct((config.num_envs,), steps["value"].dtype)
+        _validation.check_batch(want, last_value, [], what="last_value")
+        time = jnp.arange(config.num_steps, dtype=jnp.int32)[:, None]
+        stored, last = time < state.size, time >= state.size - 1
+        following = jnp.concatenate([steps["value"][1:], last_value[None]])
+        following = jnp.where(last, last_value[None], following)
+        next_values = jnp.where(steps["truncated"], steps["final_value"], following)
+        advantages, returns = _returns.gae(
+            steps["reward"], steps["value"], next_values,
+            steps["terminated"], steps["truncated"] | last,
+            discount=config.discount, gae_lambda=config.gae_lambda, method=config.method,
+        )  # fmt: skip
+        return state.replace(
+            advantages=jnp.where(stored, advantages, 0), returns=jnp.where(stored, returns, 0)
+        )
+
+    def minibatches(
+        state: RolloutBufferState, key: jax.Array, num_minibatches: int
+    ) -> RolloutBatch:
+        num_minibatches = _validation.check_int("num_minibatches", num_minibatches)
+        total = config.num_steps * config.num_envs
+        if total % num_minibatches:
+            raise ValueError(
+                f"num_steps * num_envs = {config.num_steps} * {config.num_envs} = {total} is not "
+                f"divisible by num_minibatches={num_minibatches}."
+            )
+        valid = jnp.arange(config.num_steps)[:, None] < state.size
+        valid = jnp.broadcast_to(valid, shape)
+        advantages = state.advantages
+        if config.normalize_advantages:
+            count = jnp.maximum(valid.sum(), 1).astype(advantages.dtype)
+            mean = jnp.where(valid, advantages, 0).sum() / count
+            var = jnp.where(valid, (advantages - mean) ** 2, 0).sum() / count
+            advantages = jnp.where(valid, (advantages - mean) / (jnp.sqrt(var) + 1e-8), 0)
+        order = jax.random.permutation(key, total)
+        split = (num_minibatches, total // num_minibatches)
+
+        def shuffle(x: jax.Array) -> jax.Array:
+            flat = x.reshape(total, *x.shape[2:])
+            return flat[order].reshape(*split, *x.shape[2:])
+
+        return RolloutBatch(
+            experience=jax.tree.map(shuffle, state.steps),
+            advantages=shuffle(advantages),
+            returns=shuffle(state.returns),
+            valid=shuffle(valid),
+        )
+
+    def clear(state: RolloutBufferState) -> RolloutBufferState:
+        zero = jnp.zeros((), jnp.int32)
+        return state.replace(size=zero, dropped=zero)
+
+    return RolloutBuffer(init, add, finish, minibatches, clear, config)
