@@ -18,13 +18,11 @@ Run: `python benchmarks/bench_replay.py [--quick] [--out benchmarks/results]`.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from common import write_results
+from common import interleaved_medians, write_results
 
 import jaxbuf
 
@@ -44,26 +42,6 @@ def make_items(key: jax.Array, batch: int) -> dict:
         "reward": jnp.ones(batch, jnp.float32),
         "done": jnp.zeros(batch, bool),
     }
-
-
-def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repeats: int):
-    """Median seconds per call of each case; the cases take turns in every repeat.
-
-    Args:
-      cases: name -> (a function doing one call, calls per repeat).
-      repeats: how many timed rounds.
-    """
-    for fn, _ in cases.values():
-        jax.block_until_ready(fn())
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, (fn, calls) in cases.items():
-            start = time.perf_counter()
-            for _ in range(calls - 1):
-                fn()
-            jax.block_until_ready(fn())
-            times[name].append((time.perf_counter() - start) / calls)
-    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 class Adapter:

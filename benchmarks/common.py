@@ -8,6 +8,10 @@ import json
 import os
 import pathlib
 import platform
+import time
+from collections.abc import Callable
+
+import numpy as np
 
 
 def _version(package: str) -> str | None:
@@ -77,3 +81,25 @@ def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str
     ]
     stem.with_suffix(".md").write_text("\n".join(lines))
     print(f"wrote {stem}.json and {stem}.md")
+
+
+def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repeats: int):
+    """Median seconds per call of each case; the cases take turns in every repeat.
+
+    Args:
+      cases: name -> (a function doing one call, calls per repeat).
+      repeats: how many timed rounds.
+    """
+    import jax
+
+    for fn, _ in cases.values():
+        jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, (fn, calls) in cases.items():
+            start = time.perf_counter()
+            for _ in range(calls - 1):
+                fn()
+            jax.block_until_ready(fn())
+            times[name].append((time.perf_counter() - start) / calls)
+    return {name: float(np.median(t)) for name, t in times.items()}

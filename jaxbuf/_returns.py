@@ -79,8 +79,10 @@ def check_coefficient(name: str, value: Any) -> Any:
 
 
 def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
-    """A discount or lambda broadcast to `like`'s shape, in its dtype."""
+    """A discount or lambda in `like`'s dtype: a 0-d array, or broadcast to its shape."""
     value = jnp.asarray(check_coefficient(name, value), like.dtype)
+    if value.ndim == 0:
+        return value
     try:
         return jnp.broadcast_to(value, like.shape)
     except ValueError:
@@ -88,6 +90,28 @@ def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
             f"{name} has shape {value.shape}, which does not broadcast to "
             f"[T, *batch] = {like.shape}."
         ) from None
+
+
+def _gae_scan(rewards, values, next_values, terminated, truncated, discount, gae_lambda):
+    """GAE by `lax.scan`, every per-step quantity computed inside the loop body.
+
+    Computing the deltas in the body reads each input once and writes only the
+    advantages; precomputing them writes and rereads two `[T, *batch]` arrays,
+    which on CPU cost more than the recurrence itself. Scalar coefficients are
+    closed over; arrays (already full-shaped) are scanned.
+    """
+    scanned = {k: c for k, c in (("discount", discount), ("lambda", gae_lambda)) if c.ndim}
+
+    def step(following: jax.Array, inputs):
+        reward, value, next_value, term, trunc, per_step = inputs
+        gamma = per_step.get("discount", discount)
+        lam = per_step.get("lambda", gae_lambda)
+        delta = reward + gamma * (1 - term.astype(reward.dtype)) * next_value - value
+        advantage = delta + gamma * lam * (1 - (term | trunc).astype(reward.dtype)) * following
+        return advantage, advantage
+
+    inputs = (rewards, values, next_values, terminated, truncated, scanned)
+    return lax.scan(step, jnp.zeros_like(rewards[0]), inputs, reverse=True)[1]
 
 
 def _solve_backwards(deltas: jax.Array, coefficients: jax.Array, method: str) -> jax.Array:
@@ -166,10 +190,14 @@ def gae(
     )  # fmt: skip
     discount = _coefficient("discount", discount, rewards)
     gae_lambda = _coefficient("gae_lambda", gae_lambda, rewards)
-    not_terminated = 1 - terminated.astype(rewards.dtype)
-    not_done = 1 - (terminated | truncated).astype(rewards.dtype)
-    deltas = rewards + discount * not_terminated * next_values - values
-    advantages = _solve_backwards(deltas, discount * gae_lambda * not_done, method)
+    if check_method(method) == "scan":
+        args = (rewards, values, next_values, terminated, truncated, discount, gae_lambda)
+        advantages = _gae_scan(*args)
+    else:
+        not_terminated = 1 - terminated.astype(rewards.dtype)
+        not_done = 1 - (terminated | truncated).astype(rewards.dtype)
+        deltas = rewards + discount * not_terminated * next_values - values
+        advantages = _solve_backwards(deltas, discount * gae_lambda * not_done, method)
     return advantages, advantages + values
 
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
+from jaxbuf.examples._common import make_evaluate
 
 CONFIG = dict(
     num_envs=10,
@@ -171,37 +172,6 @@ def make_train(config: dict, env, env_params):
     return init, jax.jit(train_chunk, donate_argnums=0), network
 
 
-def make_evaluate(network, env, env_params, num_envs: int):
-    """A jitted `evaluate(params, key)`: the greedy policy's mean return over one
-    episode in each of `num_envs` environments."""
-    max_steps = int(env_params.max_steps_in_episode)
-    return jax.jit(
-        lambda params, key: _evaluate(network, params, env, env_params, key, num_envs, max_steps)
-    )
-
-
-def _evaluate(network, params, env, env_params, key, num_envs: int, max_steps: int) -> jax.Array:
-    reset_key, key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, num_envs), env_params
-    )
-    step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-
-    def body(carry, step_key):
-        obs, state, total, alive = carry
-        action = jnp.argmax(network.apply(params, obs), axis=1)
-        obs, state, reward, terminated, truncated, _ = step_env(
-            jax.random.split(step_key, num_envs), state, action, env_params
-        )
-        total = total + reward * alive
-        return (obs, state, total, alive & ~(terminated | truncated)), None
-
-    carry = (obs, state, jnp.zeros(num_envs), jnp.ones(num_envs, bool))
-    keys = jax.random.split(key, max_steps)
-    (_, _, total, _), _ = jax.lax.scan(body, carry, keys)
-    return total.mean()
-
-
 def main(seed: int = 0, quiet: bool = False) -> float:
     env, env_params = gymnax.make("CartPole-v1")
     init, train_chunk, network = make_train(CONFIG, env, env_params)
@@ -218,7 +188,11 @@ def main(seed: int = 0, quiet: bool = False) -> float:
                 f"  loss {float(loss):.4f}",
                 flush=True,
             )
-    evaluate = make_evaluate(network, env, env_params, CONFIG["eval_envs"])
+
+    def greedy(params, obs):
+        return jnp.argmax(network.apply(params, obs), axis=1)
+
+    evaluate = make_evaluate(greedy, env, env_params, CONFIG["eval_envs"])
     score = float(evaluate(runner.params, jax.random.key(seed + 1)))
     print(f"seed {seed}: greedy evaluation return {score:.1f} (mean over {CONFIG['eval_envs']} "
           f"episodes), trained in {time.perf_counter() - start:.1f}s")  # fmt: skip

@@ -1,0 +1,44 @@
+"""Pieces shared by the example agents."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def make_evaluate(
+    greedy_action: Callable[[Any, jax.Array], jax.Array], env, env_params, num_envs: int
+):
+    """A jitted `evaluate(params, key)`: the mean return of `greedy_action` over one
+    episode in each of `num_envs` environments.
+
+    Args:
+      greedy_action: `(params, obs [num_envs, ...]) -> actions [num_envs]`.
+      env: a gymnax environment.
+      env_params: its parameters.
+      num_envs: episodes to average over.
+    """
+    max_steps = int(env_params.max_steps_in_episode)
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def evaluate(params: Any, key: jax.Array) -> jax.Array:
+        reset_key, key = jax.random.split(key)
+        obs, state = reset(jax.random.split(reset_key, num_envs), env_params)
+
+        def body(carry, step_key):
+            obs, state, total, alive = carry
+            obs, state, reward, terminated, truncated, _ = step_env(
+                jax.random.split(step_key, num_envs), state, greedy_action(params, obs), env_params
+            )
+            total = total + reward * alive
+            return (obs, state, total, alive & ~(terminated | truncated)), None
+
+        carry = (obs, state, jnp.zeros(num_envs), jnp.ones(num_envs, bool))
+        (_, _, total, _), _ = jax.lax.scan(body, carry, jax.random.split(key, max_steps))
+        return total.mean()
+
+    return jax.jit(evaluate)
