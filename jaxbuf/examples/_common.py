@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,3 +44,20 @@ def make_evaluate(
         return total.mean()
 
     return jax.jit(evaluate)
+
+
+def report(seed: int, score: float, episodes: int, start: float) -> None:
+    """Prints the final evaluation of a demo."""
+    print(
+        f"seed {seed}: greedy evaluation return {score:.1f} (mean over {episodes} "
+        f"episodes), trained in {time.perf_counter() - start:.1f}s"
+    )
+
+
+def command_line(main: Callable[[int, bool], float], doc: str) -> None:
+    """Runs a demo's `main(seed, quiet)` with `--seed` and `--quiet` from the command line."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    main(args.seed, args.quiet)

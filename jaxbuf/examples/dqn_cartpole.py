@@ -13,7 +13,6 @@ evaluated on fresh episodes.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any, NamedTuple
 
@@ -24,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import make_evaluate
+from jaxbuf.examples._common import command_line, make_evaluate, report
 
 CONFIG = dict(
     num_envs=10,
@@ -194,14 +193,9 @@ def main(seed: int = 0, quiet: bool = False) -> float:
 
     evaluate = make_evaluate(greedy, env, env_params, CONFIG["eval_envs"])
     score = float(evaluate(runner.params, jax.random.key(seed + 1)))
-    print(f"seed {seed}: greedy evaluation return {score:.1f} (mean over {CONFIG['eval_envs']} "
-          f"episodes), trained in {time.perf_counter() - start:.1f}s")  # fmt: skip
+    report(seed, score, CONFIG["eval_envs"], start)
     return score
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args()
-    main(args.seed, args.quiet)
+    command_line(main, __doc__)
