@@ -6,6 +6,7 @@ donated, update their storage in place.
 """
 
 from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
+from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._replay import (
     ReplayBuffer,
     ReplayBufferConfig,
@@ -25,8 +26,7 @@ from jaxbuf._rollout import (
 )
 from jaxbuf._spaces import example_from_space
 from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
-
-__version__ = "0.1.0"
+from jaxbuf._version import __version__ as __version__
 
 __all__ = [
     "STEP_KEYS",
@@ -49,8 +49,11 @@ __all__ = [
     "from_data",
     "gae",
     "lambda_returns",
+    "load_metadata",
     "make_replay_buffer",
     "make_rollout_buffer",
     "n_step_returns",
+    "restore",
+    "save",
     "vectorize",
 ]

@@ -1,0 +1,3 @@
+"""The jaxbuf version."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,259 @@
+"""Checkpoints: flax serialization, save/restore, atomicity, mismatches, Orbax."""
+
+import json
+import os
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import serialization, struct
+
+import jaxbuf
+from jaxbuf import _checkpoint
+
+EXAMPLE = {"obs": jnp.zeros(3), "action": jnp.int32(0), "done": jnp.bool_(False)}
+STEP = {
+    "obs": jnp.zeros(2),
+    "reward": jnp.float32(0),
+    "value": jnp.float32(0),
+    "final_value": jnp.float32(0),
+    "terminated": jnp.bool_(False),
+    "truncated": jnp.bool_(False),
+}
+
+
+def items(batch, start=0, lead=()):
+    count = int(np.prod(lead, dtype=int)) * batch
+    ids = jnp.arange(start, start + count, dtype=jnp.int32).reshape(*lead, batch)
+    return {
+        "obs": jnp.stack([ids.astype(jnp.float32)] * 3, axis=-1),
+        "action": ids,
+        "done": ids % 3 == 0,
+    }
+
+
+def states():
+    """One filled state of every kind, with its buffer and a fresh template."""
+    replay = jaxbuf.make_replay_buffer(8, 4)
+    state = replay.init(EXAMPLE)
+    for start in range(0, 11, 3):
+        state = replay.add(state, items(3, start))
+    vectorized = jaxbuf.vectorize(replay, 2)
+    vstate = vectorized.add(vectorized.init(EXAMPLE), items(5, 0, lead=(2,)))
+    rollout = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9)
+    rstate = rollout.init(STEP)
+    for t in range(4):
+        rstate = rollout.add(
+            rstate, jax.tree.map(lambda x, t=t: jnp.full((3, *x.shape), t, x.dtype), STEP)
+        )
+    rstate = rollout.finish(rstate, jnp.ones(3))
+    return [
+        (replay, state, replay.init(EXAMPLE)),
+        (vectorized, vstate, vectorized.init(EXAMPLE)),
+        (rollout, rstate, rollout.init(STEP)),
+    ]
+
+
+@struct.dataclass
+class TrainState:
+    params: dict
+    buffer: jaxbuf.ReplayBufferState
+    step: jax.Array
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+def test_every_state_round_trips_through_flax_serialization(index):
+    _, state, template = states()[index]
+    restored = serialization.from_bytes(template, serialization.to_bytes(state))
+    chex.assert_trees_all_equal(restored, state)
+    assert type(restored) is type(state)
+    from_dict = serialization.from_state_dict(template, serialization.to_state_dict(state))
+    chex.assert_trees_all_equal(from_dict, state)
+
+
+def test_a_state_nested_in_a_training_state_round_trips(tmp_path):
+    _, state, template = states()[0]
+    train = TrainState(params={"w": jnp.arange(4.0)}, buffer=state, step=jnp.int32(7))
+    empty = TrainState(params={"w": jnp.zeros(4)}, buffer=template, step=jnp.int32(0))
+    chex.assert_trees_all_equal(
+        serialization.from_bytes(empty, serialization.to_bytes(train)), train
+    )
+    restored = jaxbuf.restore(jaxbuf.save(tmp_path / "nested", train), empty)
+    chex.assert_trees_all_equal(restored, train)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
+    buffer, state, template = states()[index]
+    folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+    restored = jaxbuf.restore(folder, template)
+    chex.assert_trees_all_equal(restored, state)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
+    metadata = jaxbuf.load_metadata(folder)
+    assert (
+        metadata["kind"] == type(buffer).__name__
+        and metadata["jaxbuf_version"] == jaxbuf.__version__
+    )
+    assert metadata["config"] == {
+        **buffer.config._asdict(),
+        **({"num_buffers": 2} if index == 1 else {}),
+    }
+    assert metadata["size"] == np.asarray(state.size).tolist()
+    obs = state.experience["obs"] if index < 2 else state.steps["obs"]
+    leaf = metadata["leaves"][".experience['obs']" if index < 2 else ".steps['obs']"]
+    assert leaf == {"shape": list(obs.shape), "dtype": "float32"}
+    if index == 0:
+        key = jax.random.key(3)
+        chex.assert_trees_all_equal(buffer.sample(restored, key), buffer.sample(state, key))
+
+
+def test_a_resumed_training_loop_continues_identically(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(50, 16)
+
+    @jax.jit(static_argnums=2)
+    def run(state, key, steps):
+        def body(carry, k):
+            state, total = carry
+            add_key, sample_key = jax.random.split(k)
+            new = jax.random.normal(add_key, (4, 3))
+            ids = jax.random.randint(add_key, (4,), 0, 100, dtype=jnp.int32)
+            state = buffer.add(state, {"obs": new, "action": ids, "done": ids > 50})
+            batch = buffer.sample(state, sample_key).experience
+            return (state, total + batch["obs"].sum()), None
+
+        (state, total), _ = jax.lax.scan(
+            body, (state, jnp.float32(0)), jax.random.split(key, steps)
+        )
+        return state, total
+
+    first_key, second_key = jax.random.split(jax.random.key(0))
+    midway, _ = run(buffer.init(EXAMPLE), first_key, 30)
+    straight, straight_total = run(midway, second_key, 40)
+    jaxbuf.save(tmp_path / "ckpt", midway, buffer)
+    resumed, resumed_total = run(
+        jaxbuf.restore(tmp_path / "ckpt", buffer.init(EXAMPLE)), second_key, 40
+    )
+    chex.assert_trees_all_equal(resumed, straight)
+    assert float(resumed_total) == float(straight_total)
+
+
+@pytest.mark.parametrize("stage", ["data", "metadata", "commit"])
+def test_an_interrupted_save_leaves_the_previous_checkpoint_readable(tmp_path, monkeypatch, stage):
+    buffer, state, template = states()[0]
+    folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+    newer = buffer.add(state, items(5, 100))
+
+    real_open, real_replace = open, os.replace
+    target = "state-" if stage == "data" else "metadata"
+
+    class HalfWritten:  # a file that stops halfway, as a crash would leave it
+        def __init__(self, path, mode):
+            self.file = real_open(path, mode)
+
+        def write(self, data):
+            self.file.write(data[: len(data) // 2])
+            self.file.close()
+            raise KeyboardInterrupt("interrupted")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    def crashing_open(path, mode="r", *args, **kwargs):
+        if stage != "commit" and target in str(path) and "w" in mode:
+            return HalfWritten(path, mode)
+        return real_open(path, mode, *args, **kwargs)
+
+    def failing_replace(source, destination):
+        if stage == "commit" and str(destination).endswith("metadata.json"):
+            raise KeyboardInterrupt("interrupted")
+        real_replace(source, destination)
+
+    monkeypatch.setattr("builtins.open", crashing_open)
+    monkeypatch.setattr(_checkpoint.os, "replace", failing_replace)
+    with pytest.raises(KeyboardInterrupt):
+        jaxbuf.save(folder, newer, buffer)
+    monkeypatch.undo()
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, template), state)
+    jaxbuf.save(folder, newer, buffer)  # the next save succeeds and cleans up
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, template), newer)
+    assert len(list(folder.glob("state-*.msgpack"))) == 1 and not list(folder.glob(".*.tmp"))
+
+
+def test_restoring_into_another_configuration_names_the_mismatch(tmp_path):
+    buffer, state, _ = states()[0]
+    folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+    bigger = jaxbuf.make_replay_buffer(16, 4).init(EXAMPLE)
+    message = (
+        "leaf .experience['action'] was saved with shape (8,) and dtype int32, but the "
+        "template has shape (16,) and dtype int32 (another configuration?)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        jaxbuf.restore(folder, bigger)
+    other_dtype = jaxbuf.make_replay_buffer(8, 4).init(EXAMPLE | {"action": jnp.int8(0)})
+    with pytest.raises(
+        ValueError, match=re.escape("dtype int32, but the template has shape (8,) and dtype int8")
+    ):
+        jaxbuf.restore(folder, other_dtype)
+    other_keys = jaxbuf.make_replay_buffer(8, 4).init(EXAMPLE | {"reward": jnp.float32(0)})
+    with pytest.raises(
+        ValueError, match=re.escape("the checkpoint lacks [\".experience['reward']\"]")
+    ):
+        jaxbuf.restore(folder, other_keys)
+    rollout = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9).init(STEP)
+    with pytest.raises(
+        ValueError, match="holds a ReplayBufferState, but the template is a RolloutBufferState"
+    ):
+        jaxbuf.restore(folder, rollout)
+
+
+def test_damaged_checkpoints_raise_clear_errors(tmp_path):
+    buffer, state, template = states()[0]
+    folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+    data_file = folder / jaxbuf.load_metadata(folder)["data_file"]
+    original = data_file.read_bytes()
+    data_file.write_bytes(original[:-10])
+    with pytest.raises(ValueError, match="is corrupted or truncated: its SHA-256 does not match"):
+        jaxbuf.restore(folder, template)
+    data_file.write_bytes(original[:20] + bytes([original[20] ^ 1]) + original[21:])
+    with pytest.raises(ValueError, match="is corrupted or truncated"):
+        jaxbuf.restore(folder, template)
+    data_file.unlink()
+    with pytest.raises(ValueError, match=r"is incomplete: state-.*\.msgpack is missing"):
+        jaxbuf.restore(folder, template)
+    (folder / "metadata.json").write_text('{"format": "jaxbuf-checkpoint", "form')
+    with pytest.raises(
+        ValueError, match=re.escape("metadata.json is corrupted: it is not valid JSON")
+    ):
+        jaxbuf.restore(folder, template)
+    (folder / "metadata.json").write_text(
+        json.dumps({"format": "jaxbuf-checkpoint", "format_version": 99})
+    )
+    with pytest.raises(ValueError, match="has format version 99; this jaxbuf reads version 1"):
+        jaxbuf.restore(folder, template)
+    (folder / "metadata.json").write_text(json.dumps({"something": "else"}))
+    with pytest.raises(ValueError, match="is not a jaxbuf checkpoint's metadata"):
+        jaxbuf.restore(folder, template)
+    with pytest.raises(FileNotFoundError, match="holds no jaxbuf checkpoint"):
+        jaxbuf.restore(tmp_path / "nowhere", template)
+    with pytest.raises(TypeError, match="buffer must be a jaxbuf buffer"):
+        jaxbuf.save(tmp_path / "other", state, buffer=object())
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+def test_states_work_with_orbax_standard_checkpointing(tmp_path, index):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    _, state, template = states()[index]
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "orbax", state)
+    checkpointer.wait_until_finished()
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    restored = checkpointer.restore(tmp_path / "orbax", abstract)
+    chex.assert_trees_all_equal(restored, state)
+    assert type(restored) is type(state)
+    checkpointer.close()
