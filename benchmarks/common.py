@@ -37,7 +37,7 @@ def environment() -> dict:
 
     device = jax.devices()[0]
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "device_count": jax.device_count(),

@@ -7,6 +7,8 @@ donated, update their storage in place.
 
 from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
 from jaxbuf._checkpoint import load_metadata, restore, save
+from jaxbuf._config import buffer_from_config
+from jaxbuf._export import export, stored_items, to_torch
 from jaxbuf._replay import (
     ReplayBuffer,
     ReplayBufferConfig,
@@ -44,8 +46,10 @@ __all__ = [
     "SampleFn",
     "VectorizedReplayBuffer",
     "VectorizedSample",
+    "buffer_from_config",
     "discounted_returns",
     "example_from_space",
+    "export",
     "from_data",
     "gae",
     "lambda_returns",
@@ -55,5 +59,7 @@ __all__ = [
     "n_step_returns",
     "restore",
     "save",
+    "stored_items",
+    "to_torch",
     "vectorize",
 ]
