@@ -8,6 +8,7 @@ donated, update their storage in place.
 from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
 from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
+from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._export import export, stored_items, to_torch
 from jaxbuf._replay import (
     ReplayBuffer,
@@ -34,6 +35,7 @@ __all__ = [
     "STEP_KEYS",
     "AddFn",
     "CanSampleFn",
+    "DatasetWriter",
     "InitFn",
     "ReplayBuffer",
     "ReplayBufferConfig",
@@ -47,6 +49,7 @@ __all__ = [
     "VectorizedReplayBuffer",
     "VectorizedSample",
     "buffer_from_config",
+    "dataset_to_state",
     "discounted_returns",
     "example_from_space",
     "export",
@@ -57,6 +60,7 @@ __all__ = [
     "make_replay_buffer",
     "make_rollout_buffer",
     "n_step_returns",
+    "read_dataset",
     "restore",
     "save",
     "stored_items",

@@ -56,7 +56,7 @@ def _describe(buffer: Any) -> tuple[str | None, dict | None]:
     return type(buffer).__name__, described
 
 
-def _write(path: pathlib.Path, data: bytes) -> None:
+def write_atomic(path: pathlib.Path, data: bytes) -> None:
     """Writes `data` durably to `path`, atomically: a file under its final name is
     always complete (a crash leaves at most a hidden `.tmp` file behind)."""
     pending = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -117,8 +117,8 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
         "data_file": f"state-{digest[:16]}.msgpack",
         "sha256": digest,
     }
-    _write(folder / metadata["data_file"], data)
-    _write(folder / METADATA, json.dumps(metadata, indent=2).encode())  # the commit point
+    write_atomic(folder / metadata["data_file"], data)
+    write_atomic(folder / METADATA, json.dumps(metadata, indent=2).encode())  # the commit point
     _fsync_folder(folder)
     for stale in [*folder.glob("state-*.msgpack"), *folder.glob(".*.tmp")]:
         if stale.name != metadata["data_file"]:  # the previous data, crash leftovers
@@ -176,8 +176,9 @@ def restore(path: str | os.PathLike, template: Any) -> Any:
 
     Args:
       path: the checkpoint folder.
-      template: a state of the same configuration (for example `buffer.init(example)`);
-        its structure, shapes and dtypes must match the saved ones.
+      template: a state of the same configuration, whose structure, shapes and
+        dtypes must match the saved ones: `buffer.init(example)`, or, allocating
+        nothing, `jax.eval_shape(buffer.init, example)`.
 
     Returns:
       The restored state, with JAX arrays.
@@ -198,5 +199,5 @@ def restore(path: str | os.PathLike, template: Any) -> Any:
         raise ValueError(
             f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
         )
-    restored = serialization.from_bytes(jax.device_get(template), data)
+    restored = serialization.from_state_dict(template, serialization.msgpack_restore(data))
     return jax.tree.map(jax.numpy.asarray, restored)

@@ -26,11 +26,15 @@ class ReplayBufferState:
         hold items; the others are zeros.
       position: int32 scalar, the row the next item is written to.
       size: int32 scalar, the number of stored items (at most `capacity`).
+      added: uint32 scalar, the number of items ever added, modulo 2**32 (it wraps
+        around, never overflows): `(added - earlier_added) % 2**32` counts the items
+        added in between, as the on-disk dataset writer does.
     """
 
     experience: PyTree
     position: jax.Array
     size: jax.Array
+    added: jax.Array
 
 
 @struct.dataclass
@@ -100,6 +104,7 @@ def append(state: ReplayBufferState, items: PyTree) -> ReplayBufferState:
         experience=_ring.write(state.experience, start, newest),
         position=(state.position + batch % capacity) % capacity,
         size=jnp.minimum(state.size + min(batch, capacity), capacity),
+        added=state.added + (batch % 2**32),
     )
 
 
@@ -168,6 +173,7 @@ def make_replay_buffer(
             experience=_ring.allocate(spec, config.capacity),
             position=jnp.zeros((), jnp.int32),
             size=jnp.zeros((), jnp.int32),
+            added=jnp.zeros((), jnp.uint32),
         )
 
     def add(state: ReplayBufferState, items: PyTree) -> ReplayBufferState:

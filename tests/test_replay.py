@@ -53,6 +53,16 @@ def test_add_matches_reference_ring(capacity, batches, variant):
         assert_matches(state, ref)
 
 
+def test_the_added_counter_wraps_around_instead_of_overflowing():
+    buffer = jaxbuf.make_replay_buffer(4, 2, truncate_ok=True)
+    rng = np.random.default_rng(0)
+    state = buffer.init(EXAMPLE).replace(added=jnp.uint32(2**32 - 3))
+    before = int(state.added)
+    state = jax.jit(buffer.add)(state, random_items(rng, 7, 0))
+    assert int(state.added) == 4 and (int(state.added) - before) % 2**32 == 7
+    assert state.added.dtype == jnp.uint32
+
+
 def test_add_of_more_than_capacity_keeps_the_newest_when_allowed():
     rng = np.random.default_rng(0)
     buffer = jaxbuf.make_replay_buffer(5, 2, truncate_ok=True)
@@ -71,6 +81,7 @@ def test_state_is_a_flax_dataclass_of_explicitly_typed_arrays():
     )
     for counter in (state.position, state.size):
         assert counter.shape == () and counter.dtype == jnp.int32 and not counter.weak_type
+    assert state.added.dtype == jnp.uint32 and not state.added.weak_type
     assert state.experience["x"].dtype == jnp.float32 and not state.experience["x"].weak_type
     assert state.experience["s"].shape == (4, 2) and state.experience["s"].dtype == jnp.uint8
     assert state.experience["i"].shape == (4,) and int(state.experience["i"].sum()) == 0

@@ -1,0 +1,131 @@
+"""On-disk datasets: incremental appends across wrap-arounds, ranges, loading back."""
+
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuf
+
+EXAMPLE = {"obs": jnp.zeros(2), "meta": {"id": jnp.int32(0), "done": jnp.bool_(False)}}
+
+
+def items(start, count):
+    ids = jnp.arange(start, start + count, dtype=jnp.int32)
+    return {
+        "obs": jnp.stack([ids, 2 * ids], -1).astype(jnp.float32),
+        "meta": {"id": ids, "done": ids % 3 == 0},
+    }
+
+
+def test_appends_record_every_added_item_in_order_across_wrap_arounds(tmp_path):
+    capacity = 7
+    buffer = jaxbuf.make_replay_buffer(capacity, 2, truncate_ok=True)
+    add = jax.jit(buffer.add, donate_argnums=0)
+    state = buffer.init(EXAMPLE)
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, chunk_items=4)
+    rng = np.random.default_rng(0)
+    total = 0
+    for _ in range(30):
+        # Between appends add up to `capacity` items: 1..7 per add, sometimes two adds.
+        for batch in rng.integers(1, capacity + 1, size=rng.integers(1, 3)).tolist():
+            if total - writer.length + batch > capacity:
+                break
+            state = add(state, items(total, batch))
+            total += batch
+        assert writer.append(state) >= 0
+    state = add(
+        state, items(total, capacity)
+    )  # exactly `capacity` new items: the buffer is all new
+    total += capacity
+    assert writer.append(state) == capacity
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")
+    assert data["meta"]["id"].tolist() == list(range(total))
+    chex.assert_trees_all_equal(data, jax.device_get(items(0, total)))
+
+
+def test_items_overwritten_before_an_append_are_an_error(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(4, 2)
+    state = buffer.init(EXAMPLE)
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state)
+    state = buffer.add(buffer.add(state, items(0, 3)), items(3, 3))
+    message = (
+        "6 items were added since the last append, but the buffer keeps only 4: 2 were overwritten"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        writer.append(state)
+    assert writer.length == 0
+
+
+def test_range_reads_touch_only_their_chunks(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(64, 2)
+    state = buffer.add(buffer.init(EXAMPLE), items(0, 40))
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True, chunk_items=8)
+    assert writer.append(state) == 40
+    writer.flush()
+    for chunk in (tmp_path / "data").rglob("*"):  # spoil every chunk outside items [8, 16)
+        if chunk.is_file() and chunk.name[0].isdigit() and not chunk.name.startswith("1"):
+            chunk.write_bytes(b"not a chunk")
+    data = jaxbuf.read_dataset(tmp_path / "data", 8, 16)
+    assert data["meta"]["id"].tolist() == list(range(8, 16))
+    with pytest.raises(Exception):  # the spoiled chunks are really unreadable
+        jaxbuf.read_dataset(tmp_path / "data", 0, 8)
+
+
+def test_only_flushed_items_are_visible_to_readers(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(16, 2)
+    state = buffer.init(EXAMPLE)
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state)
+    state = buffer.add(state, items(0, 5))
+    writer.append(state)
+    writer.flush()
+    state = buffer.add(state, items(5, 5))
+    writer.append(state)
+    assert jaxbuf.read_dataset(tmp_path / "data")["meta"]["id"].tolist() == list(range(5))
+    writer.flush()
+    assert jaxbuf.read_dataset(tmp_path / "data")["meta"]["id"].tolist() == list(range(10))
+
+
+def test_a_dataset_loads_back_into_a_buffer_state(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(8, 2)
+    state = buffer.init(EXAMPLE)
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state)
+    for start in range(0, 20, 5):
+        state = buffer.add(state, items(start, 5))
+        writer.append(state)
+    writer.flush()
+    target = jaxbuf.make_replay_buffer(16, 4)
+    loaded = jaxbuf.dataset_to_state(tmp_path / "data", target, 3, 13)
+    expected = target.add(target.init(EXAMPLE), items(3, 10))
+    chex.assert_trees_all_equal(loaded, expected)
+    with pytest.raises(
+        ValueError, match=re.escape("the dataset range holds 20 items but the capacity is 16")
+    ):
+        jaxbuf.dataset_to_state(tmp_path / "data", target)
+    newest = jaxbuf.dataset_to_state(tmp_path / "data", target, truncate_ok=True)
+    assert sorted(np.asarray(newest.experience["meta"]["id"]).tolist()) == list(range(4, 20))
+
+
+def test_dataset_errors_are_named(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(8, 2)
+    stacked = jaxbuf.vectorize(buffer, 2).init(EXAMPLE)
+    with pytest.raises(
+        TypeError, match="DatasetWriter follows one \\(not vectorized\\) replay buffer state"
+    ):
+        jaxbuf.DatasetWriter(tmp_path / "v", stacked)
+    tuple_items = buffer.init((jnp.zeros(2), jnp.int32(0)))
+    with pytest.raises(
+        TypeError,
+        match=re.escape("state.experience[0]: datasets store items that are (nested) dicts"),
+    ):
+        jaxbuf.DatasetWriter(tmp_path / "t", tuple_items)
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", buffer.init(EXAMPLE))
+    writer.flush()
+    with pytest.raises(ValueError, match=re.escape("the range [0, 3) is not within the 0 items")):
+        jaxbuf.read_dataset(tmp_path / "data", 0, 3)
+    with pytest.raises(FileNotFoundError, match="holds no jaxbuf dataset"):
+        jaxbuf.read_dataset(tmp_path / "nothing")
