@@ -72,6 +72,12 @@ def _read_index(folder: pathlib.Path) -> dict:
     return index
 
 
+@jax.jit
+def _take_rows(experience: Any, rows: jax.Array) -> Any:
+    """The given rows of every leaf, gathered on the device in one call."""
+    return jax.tree.map(lambda x: x[rows], experience)
+
+
 class DatasetWriter:
     """Appends what a replay buffer receives to an on-disk dataset.
 
@@ -157,7 +163,9 @@ class DatasetWriter:
         if new == 0:
             return 0
         rows = (int(state.position) - new + np.arange(new)) % capacity
-        host = jax.device_get(jax.tree.map(lambda x: x[rows], state.experience))
+        # Pad to a power of two (repeating valid rows) so that few sizes compile.
+        padded = np.resize(rows, 1 << (new - 1).bit_length()).astype(np.int32)
+        host = jax.tree.map(lambda x: x[:new], jax.device_get(_take_rows(state.experience, padded)))
         start, stop = self._length, self._length + new
         if stop > self._allocated:
             self._allocated = max(stop, 2 * self._allocated)
@@ -167,13 +175,14 @@ class DatasetWriter:
                     exclusive_max=shape, resize_metadata_only=True
                 ).result()
         for name, column in _flat_columns(host, "state.experience").items():
-            self._pending.append(self._arrays[name][start:stop].write(np.asarray(column)))
+            column = np.asarray(column)  # kept alive with its write until flush
+            self._pending.append((self._arrays[name][start:stop].write(column), column))
         self._length, self._seen = stop, added
         return new
 
     def flush(self) -> None:
         """Waits for the pending writes, then commits the dataset's new length."""
-        for write in self._pending:
+        for write, _ in self._pending:
             write.commit.result()
         self._pending.clear()
         self._commit_index()
