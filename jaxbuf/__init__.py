@@ -28,6 +28,13 @@ from jaxbuf._rollout import (
     make_rollout_buffer,
 )
 from jaxbuf._spaces import example_from_space
+from jaxbuf._trajectory import (
+    SequenceSample,
+    TrajectoryBuffer,
+    TrajectoryBufferConfig,
+    TrajectoryBufferState,
+    make_trajectory_buffer,
+)
 from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
 from jaxbuf._version import __version__ as __version__
 
@@ -46,6 +53,10 @@ __all__ = [
     "RolloutBufferConfig",
     "RolloutBufferState",
     "SampleFn",
+    "SequenceSample",
+    "TrajectoryBuffer",
+    "TrajectoryBufferConfig",
+    "TrajectoryBufferState",
     "VectorizedReplayBuffer",
     "VectorizedSample",
     "buffer_from_config",
@@ -59,6 +70,7 @@ __all__ = [
     "load_metadata",
     "make_replay_buffer",
     "make_rollout_buffer",
+    "make_trajectory_buffer",
     "n_step_returns",
     "read_dataset",
     "restore",
