@@ -18,11 +18,10 @@ Run: `python benchmarks/bench_replay.py [--quick] [--out benchmarks/results]`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from common import interleaved_medians, write_results
+from common import interleaved_medians, run_scan, write_results
 
 import jaxbuf
 
@@ -96,18 +95,6 @@ def standalone_cases(impl, calls: int, repeats: int) -> dict:
         f"{impl.name}_add": (one_add, calls),
         f"{impl.name}_sample": (lambda: sample(holder[0], next(keys)), calls),
     }
-
-
-def run_scan(body, carry, xs) -> Callable[[], object]:
-    """One call of a donated jitted scan of `body` over `xs`, keeping the carry."""
-    run = jax.jit(lambda carry, xs: jax.lax.scan(body, carry, xs)[0], donate_argnums=0)
-    holder = [carry]
-
-    def once():
-        holder[0] = run(holder[0], xs)
-        return holder[0]
-
-    return once
 
 
 def scan_case(impl) -> dict:

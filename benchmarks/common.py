@@ -103,3 +103,17 @@ def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repe
             jax.block_until_ready(fn())
             times[name].append((time.perf_counter() - start) / calls)
     return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def run_scan(body, carry, xs) -> Callable[[], object]:
+    """One call of a donated jitted scan of `body` over `xs`, keeping the carry."""
+    import jax
+
+    run = jax.jit(lambda carry, xs: jax.lax.scan(body, carry, xs)[0], donate_argnums=0)
+    holder = [carry]
+
+    def once():
+        holder[0] = run(holder[0], xs)
+        return holder[0]
+
+    return once
