@@ -10,6 +10,8 @@ from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
 from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._export import export, stored_items, to_torch
+from jaxbuf._mix import MixedSample, mix
+from jaxbuf._queue import Queue, QueueConfig, QueueSample, QueueState, make_queue
 from jaxbuf._replay import (
     ReplayBuffer,
     ReplayBufferConfig,
@@ -44,6 +46,11 @@ __all__ = [
     "CanSampleFn",
     "DatasetWriter",
     "InitFn",
+    "MixedSample",
+    "Queue",
+    "QueueConfig",
+    "QueueSample",
+    "QueueState",
     "ReplayBuffer",
     "ReplayBufferConfig",
     "ReplayBufferState",
@@ -68,9 +75,11 @@ __all__ = [
     "gae",
     "lambda_returns",
     "load_metadata",
+    "make_queue",
     "make_replay_buffer",
     "make_rollout_buffer",
     "make_trajectory_buffer",
+    "mix",
     "n_step_returns",
     "read_dataset",
     "restore",
