@@ -8,6 +8,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import serialization, struct
 
@@ -249,7 +250,6 @@ def test_damaged_checkpoints_raise_clear_errors(tmp_path):
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
 def test_states_work_with_orbax_standard_checkpointing(tmp_path, index):
-    ocp = pytest.importorskip("orbax.checkpoint")
     _, state, template = states()[index]
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(tmp_path / "orbax", state)
