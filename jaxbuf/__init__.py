@@ -5,6 +5,7 @@ jitted training steps, vmap across environments, take explicit PRNG keys and,
 donated, update their storage in place.
 """
 
+from jaxbuf._access import take, take_all
 from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
 from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
@@ -85,6 +86,8 @@ __all__ = [
     "restore",
     "save",
     "stored_items",
+    "take",
+    "take_all",
     "to_torch",
     "vectorize",
 ]
