@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _checkpoint, _replay, _ring, _validation
+from jaxbuf import _checkpoint, _export, _replay, _ring, _validation
 
 INDEX = "dataset.json"
 FORMAT = "jaxbuf-dataset"
@@ -38,7 +38,7 @@ def _flat_columns(tree: Any, what: str) -> dict[str, Any]:
                 f"{what}{jax.tree_util.keystr(path)}: datasets store items that are "
                 "(nested) dicts with string keys."
             )
-        columns["/".join(key.key for key in path)] = leaf
+        columns[_export.column_name(path)] = leaf
     return columns
 
 

@@ -16,7 +16,8 @@ from jaxbuf._rollout import RolloutBufferState
 PyTree = Any
 
 
-def _name(path: tuple) -> str:
+def column_name(path: tuple) -> str:
+    """A leaf path as a column name: its keys joined by '/' (`obs`, `extras/mask`)."""
     parts = []
     for key in path:
         for attribute in ("key", "name", "idx"):
@@ -28,7 +29,7 @@ def _name(path: tuple) -> str:
 
 def _columns(tree: PyTree) -> dict[str, np.ndarray]:
     return {
-        _name(path): np.asarray(leaf)
+        column_name(path): np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
     }
 
@@ -71,7 +72,7 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
         columns = _columns(host.steps) | {"advantage": host.advantages, "return": host.returns}
         flat = {k: v[:size].reshape(size * num_envs, *v.shape[2:]) for k, v in columns.items()}
         time, env = np.divmod(np.arange(size * num_envs, dtype=np.int32), num_envs)
-        return {"time": time.astype(np.int32), "env": env.astype(np.int32), **flat}
+        return {"time": time, "env": env, **flat}
     raise TypeError(f"stored_items takes a jaxbuf buffer state, got {type(state).__name__}.")
 
 

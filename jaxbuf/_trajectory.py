@@ -210,8 +210,11 @@ def make_trajectory_buffer(
         _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
         return add(state, jax.tree.map(lambda x: jnp.expand_dims(x, 1), step))
 
+    def ready(state: TrajectoryBufferState, count: jax.Array) -> jax.Array:
+        return (count > 0) & (state.size >= config.min_size)
+
     def can_sample(state: TrajectoryBufferState) -> jax.Array:
-        return (_starts(state, config)[1] > 0) & (state.size >= config.min_size)
+        return ready(state, _starts(state, config)[1])
 
     def sample(state: TrajectoryBufferState, key: jax.Array) -> SequenceSample:
         batch, length = config.sample_batch_size, config.sequence_length
@@ -234,7 +237,7 @@ def make_trajectory_buffer(
                     f"and shape {done.shape[2:]}."
                 )
             mask = _episode_mask(done)
-        valid = jnp.broadcast_to(can_sample(state), (batch,))
+        valid = jnp.broadcast_to(ready(state, count), (batch,))
         return SequenceSample(experience, envs, starts, mask, valid)
 
     return TrajectoryBuffer(init, add, add_step, sample, can_sample, config)

@@ -46,12 +46,17 @@ def make_evaluate(
     return jax.jit(evaluate)
 
 
-def report(seed: int, score: float, episodes: int, start: float) -> None:
-    """Prints the final evaluation of a demo."""
+def evaluate_and_report(
+    greedy_action, env, env_params, params, seed: int, start: float, episodes: int
+) -> float:
+    """Evaluates the greedy policy on `episodes` fresh episodes, prints and returns the score."""
+    evaluate = make_evaluate(greedy_action, env, env_params, episodes)
+    score = float(evaluate(params, jax.random.key(seed + 1)))
     print(
         f"seed {seed}: greedy evaluation return {score:.1f} (mean over {episodes} "
         f"episodes), trained in {time.perf_counter() - start:.1f}s"
     )
+    return score
 
 
 def command_line(main: Callable[[int, bool], float], doc: str) -> None:

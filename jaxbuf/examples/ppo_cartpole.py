@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import command_line, make_evaluate, report
+from jaxbuf.examples._common import command_line, evaluate_and_report
 
 CONFIG = dict(
     num_envs=4,
@@ -200,10 +200,9 @@ def main(seed: int = 0, quiet: bool = False) -> float:
     def greedy(params, obs):
         return jnp.argmax(network.apply(params, obs)[0], axis=1)
 
-    evaluate = make_evaluate(greedy, env, env_params, CONFIG["eval_envs"])
-    score = float(evaluate(runner.params, jax.random.key(seed + 1)))
-    report(seed, score, CONFIG["eval_envs"], start)
-    return score
+    return evaluate_and_report(
+        greedy, env, env_params, runner.params, seed, start, CONFIG["eval_envs"]
+    )
 
 
 if __name__ == "__main__":
