@@ -38,6 +38,14 @@ from jaxbuf._trajectory import (
     TrajectoryBufferState,
     make_trajectory_buffer,
 )
+from jaxbuf._transition import (
+    NStepSample,
+    Transition,
+    TransitionBuffer,
+    TransitionBufferConfig,
+    TransitionBufferState,
+    make_transition_buffer,
+)
 from jaxbuf._vectorize import VectorizedReplayBuffer, VectorizedSample, vectorize
 from jaxbuf._version import __version__ as __version__
 
@@ -48,6 +56,7 @@ __all__ = [
     "DatasetWriter",
     "InitFn",
     "MixedSample",
+    "NStepSample",
     "Queue",
     "QueueConfig",
     "QueueSample",
@@ -65,6 +74,10 @@ __all__ = [
     "TrajectoryBuffer",
     "TrajectoryBufferConfig",
     "TrajectoryBufferState",
+    "Transition",
+    "TransitionBuffer",
+    "TransitionBufferConfig",
+    "TransitionBufferState",
     "VectorizedReplayBuffer",
     "VectorizedSample",
     "buffer_from_config",
@@ -80,6 +93,7 @@ __all__ = [
     "make_replay_buffer",
     "make_rollout_buffer",
     "make_trajectory_buffer",
+    "make_transition_buffer",
     "mix",
     "n_step_returns",
     "read_dataset",

@@ -121,7 +121,7 @@ def _starts(state: TrajectoryBufferState, config: TrajectoryBufferConfig):
     return (oldest + first) % config.capacity, count
 
 
-def _episode_mask(done: jax.Array) -> jax.Array:
+def episode_mask(done: jax.Array) -> jax.Array:
     """True up to and including the first true of each row of `done` `[batch, L]`."""
     done = done.astype(jnp.int32)
     return (jnp.cumsum(done, axis=1) - done) == 0
@@ -236,7 +236,7 @@ def make_trajectory_buffer(
                     f"done_fn must return a bool scalar per step, got dtype {done.dtype} "
                     f"and shape {done.shape[2:]}."
                 )
-            mask = _episode_mask(done)
+            mask = episode_mask(done)
         valid = jnp.broadcast_to(ready(state, count), (batch,))
         return SequenceSample(experience, envs, starts, mask, valid)
 
