@@ -10,6 +10,13 @@ from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
 from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
 from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
+from jaxbuf._episode import (
+    EpisodeBuffer,
+    EpisodeBufferConfig,
+    EpisodeBufferState,
+    EpisodeSample,
+    make_episode_buffer,
+)
 from jaxbuf._export import export, stored_items, to_torch
 from jaxbuf._mix import MixedSample, mix
 from jaxbuf._queue import Queue, QueueConfig, QueueSample, QueueState, make_queue
@@ -54,6 +61,10 @@ __all__ = [
     "AddFn",
     "CanSampleFn",
     "DatasetWriter",
+    "EpisodeBuffer",
+    "EpisodeBufferConfig",
+    "EpisodeBufferState",
+    "EpisodeSample",
     "InitFn",
     "MixedSample",
     "NStepSample",
@@ -89,6 +100,7 @@ __all__ = [
     "gae",
     "lambda_returns",
     "load_metadata",
+    "make_episode_buffer",
     "make_queue",
     "make_replay_buffer",
     "make_rollout_buffer",

@@ -15,6 +15,12 @@ from jaxbuf._trajectory import TrajectoryBufferState
 PyTree = Any
 
 
+def steps_of(state: Any) -> Any:
+    """The trajectory storage of a transition or episode state; other states as they are."""
+    storage = getattr(state, "storage", None)
+    return storage if isinstance(storage, TrajectoryBufferState) else state
+
+
 def _index_count(state: Any) -> int:
     if isinstance(state, TrajectoryBufferState):
         return 2
@@ -28,8 +34,9 @@ def take(state: Any, *indices: jax.Array) -> PyTree:
 
     Args:
       state: a replay state (`take(state, rows)`), a vectorized replay state
-        (`take(state, buffer_indices, rows)`) or a trajectory state
-        (`take(state, env_indices, time_indices)`), as the samples return them.
+        (`take(state, buffer_indices, rows)`) or a trajectory, transition or
+        episode state (`take(state, env_indices, time_indices)`: stored steps), as
+        the samples return them.
       *indices: integer arrays of one shape, say `[k]`; out-of-range values are
         clamped, as JAX indexing does.
 
@@ -43,6 +50,7 @@ def take(state: Any, *indices: jax.Array) -> PyTree:
       >>> jaxbuf.take(state, jnp.array([2, 0])).tolist()
       [7, 5]
     """
+    state = steps_of(state)
     expected = _index_count(state)
     if len(indices) != expected:
         raise TypeError(
@@ -62,7 +70,8 @@ def take_all(state: Any, num_minibatches: int | None = None) -> PyTree:
     a trajectory buffer. It reads the sizes, so call it outside `jit`.
 
     Args:
-      state: a replay (single or vectorized) or trajectory buffer state.
+      state: a replay (single or vectorized), trajectory, transition or episode
+        buffer state (for the last three: the stored steps).
       num_minibatches: when given, the items are split into that many equal
         minibatches (which must divide their number).
 
@@ -77,6 +86,7 @@ def take_all(state: Any, num_minibatches: int | None = None) -> PyTree:
       >>> jaxbuf.take_all(state, num_minibatches=2).tolist()
       [[0, 1, 2], [3, 4, 5]]
     """
+    state = steps_of(state)
     _index_count(state)
     sizes = np.asarray(jax.device_get(state.size))
     if isinstance(state, TrajectoryBufferState) or sizes.ndim:

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from flax import serialization
 
+from jaxbuf._access import steps_of
 from jaxbuf._version import __version__
 
 FORMAT = "jaxbuf-checkpoint"
@@ -104,7 +105,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     data = serialization.to_bytes(host)
     digest = hashlib.sha256(data).hexdigest()
     kind, config = _describe(buffer)
-    size = getattr(host, "size", None)
+    size = getattr(steps_of(host), "size", None)
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -9,12 +9,22 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from jaxbuf._queue import make_queue
 from jaxbuf._replay import make_replay_buffer
 from jaxbuf._rollout import make_rollout_buffer
+from jaxbuf._trajectory import make_trajectory_buffer
+from jaxbuf._transition import make_transition_buffer
 from jaxbuf._vectorize import vectorize
 
 #: The buffer kinds a configuration can name, and the factory each one calls.
-KINDS = {"replay": make_replay_buffer, "rollout": make_rollout_buffer}
+#: (The episode buffer needs a `done_fn`, which no configuration file can hold.)
+KINDS = {
+    "queue": make_queue,
+    "replay": make_replay_buffer,
+    "rollout": make_rollout_buffer,
+    "trajectory": make_trajectory_buffer,
+    "transition": make_transition_buffer,
+}
 
 
 def _schema(factory) -> tuple[list[str], list[str]]:
@@ -45,9 +55,9 @@ def _read(path: pathlib.Path) -> Any:
 def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike):
     """Builds a buffer from a configuration dict or file, validated.
 
-    The configuration names the `kind` (`"replay"` or `"rollout"`) and the
-    keyword arguments of its factory (`make_replay_buffer`,
-    `make_rollout_buffer`); a replay configuration may add `num_buffers` to get
+    The configuration names the `kind` (`"queue"`, `"replay"`, `"rollout"`,
+    `"trajectory"` or `"transition"`) and the keyword arguments of its factory
+    (`make_queue`, `make_replay_buffer`, ...); a replay configuration may add `num_buffers` to get
     `vectorize(buffer, num_buffers)`. Values are checked by the factory, whose
     errors name the argument; keys are checked here.
 

@@ -10,8 +10,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxbuf._access import steps_of
 from jaxbuf._replay import ReplayBufferState
 from jaxbuf._rollout import RolloutBufferState
+from jaxbuf._trajectory import TrajectoryBufferState
 
 PyTree = Any
 
@@ -41,11 +43,16 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
       state gives each buffer's rows in turn, with `buffer` and `row` columns.
     - A rollout state gives steps `[0, size)` time-major (time, then
       environment), with `time`, `env`, `advantage` and `return` columns.
+    - A trajectory, transition or episode state gives its stored steps,
+      environment after environment, each oldest first, with `env` and `time`
+      (0 for the oldest stored step) columns. A transition state's final
+      observations stay in `state.final_obs`.
 
     Column names are the leaf paths joined by `/` (`obs`, `extras/mask`).
 
     Args:
-      state: a `ReplayBufferState` (single or vectorized) or `RolloutBufferState`.
+      state: a `ReplayBufferState` (single or vectorized), `RolloutBufferState`,
+        or a trajectory, transition or episode state.
 
     Returns:
       A dict of arrays with a common leading axis.
@@ -73,6 +80,13 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
         flat = {k: v[:size].reshape(size * num_envs, *v.shape[2:]) for k, v in columns.items()}
         time, env = np.divmod(np.arange(size * num_envs, dtype=np.int32), num_envs)
         return {"time": time, "env": env, **flat}
+    host = steps_of(host)
+    if isinstance(host, TrajectoryBufferState):
+        size, columns = int(host.size), _columns(host.experience)
+        num_envs, capacity = next(iter(columns.values())).shape[:2]
+        env, time = np.divmod(np.arange(num_envs * size, dtype=np.int32), max(size, 1))
+        rows = (int(host.position) - size + time) % capacity
+        return {"env": env, "time": time, **{k: v[env, rows] for k, v in columns.items()}}
     raise TypeError(f"stored_items takes a jaxbuf buffer state, got {type(state).__name__}.")
 
 

@@ -121,6 +121,28 @@ def _starts(state: TrajectoryBufferState, config: TrajectoryBufferConfig):
     return (oldest + first) % config.capacity, count
 
 
+def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.Array:
+    """`done_fn` over steps with leaves `[batch, T, ...]`: bool `[batch, T]`."""
+    leading = jax.tree_util.tree_leaves(steps)[0].shape[:2]
+    done = jax.vmap(jax.vmap(done_fn))(steps)
+    if not hasattr(done, "dtype") or done.shape != leading or done.dtype != jnp.bool_:
+        got = (
+            f"dtype {done.dtype} and shape {done.shape[2:]}"
+            if hasattr(done, "dtype")
+            else type(done).__name__
+        )
+        raise TypeError(f"done_fn must return a bool scalar per step, got {got}.")
+    return jnp.asarray(done)
+
+
+def one_step(experience: PyTree, step: PyTree, num_envs: int) -> PyTree:
+    """Checks one step per environment (leaves `[num_envs, *step_shape]`) against the
+    storage and returns it with a time axis of length 1."""
+    spec = _replay.storage_spec(experience, 1)
+    _validation.check_batch(spec, step, [("num_envs", num_envs)], what="step")
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 1), step)
+
+
 def episode_mask(done: jax.Array) -> jax.Array:
     """True up to and including the first true of each row of `done` `[batch, L]`."""
     done = done.astype(jnp.int32)
@@ -206,9 +228,7 @@ def make_trajectory_buffer(
         )
 
     def add_step(state: TrajectoryBufferState, step: PyTree) -> TrajectoryBufferState:
-        spec = _replay.storage_spec(state.experience, 1)
-        _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
-        return add(state, jax.tree.map(lambda x: jnp.expand_dims(x, 1), step))
+        return add(state, one_step(state.experience, step, config.num_envs))
 
     def ready(state: TrajectoryBufferState, count: jax.Array) -> jax.Array:
         return (count > 0) & (state.size >= config.min_size)
@@ -228,15 +248,7 @@ def make_trajectory_buffer(
         experience = jax.tree.map(
             lambda x: x.at[envs[:, None], times].get(mode="promise_in_bounds"), state.experience
         )
-        mask = None
-        if done_fn is not None:
-            done = jax.vmap(jax.vmap(done_fn))(experience)
-            if done.shape != (batch, length) or done.dtype != jnp.bool_:
-                raise TypeError(
-                    f"done_fn must return a bool scalar per step, got dtype {done.dtype} "
-                    f"and shape {done.shape[2:]}."
-                )
-            mask = episode_mask(done)
+        mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
         valid = jnp.broadcast_to(ready(state, count), (batch,))
         return SequenceSample(experience, envs, starts, mask, valid)
 

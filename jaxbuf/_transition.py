@@ -200,34 +200,34 @@ def _write_final(state: TransitionBufferState, steps: Transition, k: int):
     the newest end it pushed out (meaningless where none was).
     """
     done = steps.terminated | steps.truncated  # [N, T]
-    rank = jnp.cumsum(done, axis=1, dtype=jnp.int32) - 1  # index among the chunk's ends
-    ends = rank[:, -1] + 1
-    slots = (state.final_next[:, None] + rank) % k
-    rows = jnp.where(done & (rank >= ends[:, None] - k), slots, k)  # k: out of bounds, dropped
-    envs = jnp.arange(done.shape[0], dtype=jnp.int32)[:, None]
     numbers = state.storage.added + jnp.arange(done.shape[1], dtype=jnp.uint32)
-    write = jax.vmap(_ring.write, in_axes=(0, None, 0))
+    numbers = jnp.broadcast_to(numbers, done.shape)
     # The ends pushed out are the oldest of [ring in order, this chunk's ends].
+    ends = done.sum(axis=1, dtype=jnp.int32)
     pushed = state.final_filled + ends - k
     newest = pushed - 1
     old_slot = (state.final_next - state.final_filled + newest) % k
     old_number = jnp.take_along_axis(state.final_step, old_slot[:, None], axis=1)[:, 0]
+    rank = jnp.cumsum(done, axis=1, dtype=jnp.int32) - 1
     new_index = jnp.argmax(done & (rank == (newest - state.final_filled)[:, None]), axis=1)
-    number = jnp.where(newest < state.final_filled, old_number, numbers[new_index])
+    new_number = jnp.take_along_axis(numbers, new_index[:, None], axis=1)[:, 0]
+    number = jnp.where(newest < state.final_filled, old_number, new_number)
+    (final_obs, final_step), final_next, final_filled, slots = _ring.push_where(
+        (state.final_obs, state.final_step),
+        state.final_next,
+        state.final_filled,
+        done,
+        (steps.next_obs, numbers),
+    )
+    write = jax.vmap(_ring.write, in_axes=(0, None, 0))
     state = state.replace(
-        final_obs=jax.tree.map(
-            lambda side, x: side.at[envs, rows].set(x, mode="drop"),
-            state.final_obs,
-            steps.next_obs,
-        ),
+        final_obs=final_obs,
         final_slot=write(
             state.final_slot, state.storage.position, slots.astype(state.final_slot.dtype)
         ),
-        final_step=state.final_step.at[envs, rows].set(
-            jnp.broadcast_to(numbers, done.shape), mode="drop"
-        ),
-        final_next=(state.final_next + ends) % k,
-        final_filled=jnp.minimum(state.final_filled + ends, k),
+        final_step=final_step,
+        final_next=final_next,
+        final_filled=final_filled,
     )
     return state, pushed > 0, number
 

@@ -60,3 +60,37 @@ def test_access_errors_are_named():
         jaxbuf.take_all(state, 2)
     with pytest.raises(TypeError, match="expected a replay or trajectory buffer state, got dict"):
         jaxbuf.take_all({"a": 1})
+
+
+def test_take_and_stored_items_of_trajectory_episode_and_transition_states(variant):
+    done = lambda step: step["id"] % 4 == 3  # noqa: E731
+    episodes = jaxbuf.make_episode_buffer(2, 6, 5, 4, done_fn=done)
+    ids = np.arange(16).reshape(2, 8)
+    state = episodes.init(EXAMPLE)
+    for chunk in (ids[:, :5], ids[:, 5:]):
+        state = episodes.add(state, items(chunk))  # the second add wraps around
+    batch = episodes.sample(state, jax.random.key(0))
+    first_steps = variant(jaxbuf.take)(state, batch.env_indices, batch.time_indices)
+    chex.assert_trees_all_equal(first_steps, jax.tree.map(lambda x: x[:, 0], batch.experience))
+    columns = jaxbuf.stored_items(state)
+    assert columns["env"].tolist() == [0] * 6 + [1] * 6
+    assert columns["time"].tolist() == list(range(6)) * 2
+    assert columns["id"].tolist() == [*range(2, 8), *range(10, 16)]  # oldest first
+    np.testing.assert_array_equal(columns["obs"][:, 1], -columns["id"])
+    trajectories = jaxbuf.make_trajectory_buffer(2, 6, 1, 1)
+    tstate = trajectories.init(EXAMPLE)
+    for chunk in (ids[:, :5], ids[:, 5:]):
+        tstate = trajectories.add(tstate, items(chunk))
+    chex.assert_trees_all_equal(jaxbuf.stored_items(tstate), columns)
+    transitions = jaxbuf.make_transition_buffer(2, 6, 5)
+    step = jaxbuf.Transition(
+        obs=items(ids[:, :5]), action=jnp.zeros((2, 5), jnp.int32),
+        reward=jnp.zeros((2, 5)), terminated=jnp.zeros((2, 5), bool),
+        truncated=jnp.zeros((2, 5), bool), next_obs=items(ids[:, 1:6]),
+    )  # fmt: skip
+    xstate = transitions.add(transitions.init(jax.tree.map(lambda x: x[0, 0], step)), step)
+    xbatch = transitions.sample(xstate, jax.random.key(1))
+    taken = variant(jaxbuf.take)(xstate, xbatch.env_indices, xbatch.time_indices)
+    chex.assert_trees_all_equal(taken["obs"], xbatch.obs)
+    assert jaxbuf.stored_items(xstate)["obs/id"].tolist() == [*range(5), *range(8, 13)]
+    assert jaxbuf.take_all(xstate)["obs"]["id"].tolist() == [*range(5), *range(8, 13)]

@@ -51,11 +51,40 @@ def states():
             rstate, jax.tree.map(lambda x, t=t: jnp.full((3, *x.shape), t, x.dtype), STEP)
         )
     rstate = rollout.finish(rstate, jnp.ones(3))
+    trajectory = jaxbuf.make_trajectory_buffer(2, 6, 4, 2)
+    tstate = trajectory.init(EXAMPLE)
+    for start in (0, 10):  # wraps around
+        tstate = trajectory.add(tstate, items(5, start, lead=(2,)))
+    episodes = jaxbuf.make_episode_buffer(2, 6, 4, 3, done_fn=lambda step: step["done"])
+    estate = episodes.add(episodes.init(EXAMPLE), items(5, 0, lead=(2,)))
+    transitions = jaxbuf.make_transition_buffer(2, 6, 4, n_step=2)
+    ids = items(5, 0, lead=(2,))
+    steps = jaxbuf.Transition(
+        obs=ids["obs"], action=ids["action"], reward=ids["obs"][..., 0],
+        terminated=ids["done"], truncated=~ids["done"] & (ids["action"] % 4 == 0),
+        next_obs=-ids["obs"],
+    )  # fmt: skip
+    example = jax.tree.map(lambda x: x[0, 0], steps)
+    xstate = transitions.add(transitions.init(example), steps)
     return [
         (replay, state, replay.init(EXAMPLE)),
         (vectorized, vstate, vectorized.init(EXAMPLE)),
         (rollout, rstate, rollout.init(STEP)),
+        (trajectory, tstate, trajectory.init(EXAMPLE)),
+        (episodes, estate, episodes.init(EXAMPLE)),
+        (transitions, xstate, transitions.init(example)),
     ]
+
+
+KINDS = ["replay", "vectorized", "rollout", "trajectory", "episode", "transition"]
+OBS_PATHS = [
+    ".experience['obs']",
+    ".experience['obs']",
+    ".steps['obs']",
+    ".experience['obs']",
+    ".storage.experience['obs']",
+    ".storage.experience['obs']",
+]
 
 
 @struct.dataclass
@@ -65,7 +94,7 @@ class TrainState:
     step: jax.Array
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+@pytest.mark.parametrize("index", range(len(KINDS)), ids=KINDS)
 def test_every_state_round_trips_through_flax_serialization(index):
     _, state, template = states()[index]
     restored = serialization.from_bytes(template, serialization.to_bytes(state))
@@ -86,7 +115,7 @@ def test_a_state_nested_in_a_training_state_round_trips(tmp_path):
     chex.assert_trees_all_equal(restored, train)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+@pytest.mark.parametrize("index", range(len(KINDS)), ids=KINDS)
 def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
     buffer, state, template = states()[index]
     folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
@@ -102,13 +131,15 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
         **buffer.config._asdict(),
         **({"num_buffers": 2} if index == 1 else {}),
     }
-    assert metadata["size"] == np.asarray(state.size).tolist()
-    obs = state.experience["obs"] if index < 2 else state.steps["obs"]
-    leaf = metadata["leaves"][".experience['obs']" if index < 2 else ".steps['obs']"]
+    size = getattr(state, "storage", state).size
+    assert metadata["size"] == np.asarray(size).tolist()
+    obs = jax.tree_util.tree_flatten_with_path(state)[0]
+    obs = next(x for path, x in obs if jax.tree_util.keystr(path) == OBS_PATHS[index])
+    leaf = metadata["leaves"][OBS_PATHS[index]]
     assert leaf == {"shape": list(obs.shape), "dtype": "float32"}
     abstract = jax.eval_shape(lambda: template)  # a template that allocates nothing
     chex.assert_trees_all_equal(jaxbuf.restore(folder, abstract), state)
-    if index == 0:
+    if index != 2:
         key = jax.random.key(3)
         chex.assert_trees_all_equal(buffer.sample(restored, key), buffer.sample(state, key))
 
@@ -248,7 +279,7 @@ def test_damaged_checkpoints_raise_clear_errors(tmp_path):
         jaxbuf.save(tmp_path / "other", state, buffer=object())
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["replay", "vectorized", "rollout"])
+@pytest.mark.parametrize("index", range(len(KINDS)), ids=KINDS)
 def test_states_work_with_orbax_standard_checkpointing(tmp_path, index):
     _, state, template = states()[index]
     checkpointer = ocp.StandardCheckpointer()

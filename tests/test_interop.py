@@ -116,6 +116,7 @@ def test_torch_is_optional(monkeypatch, state):
         jaxbuf.to_torch({"x": jnp.zeros(2)})
 
 
+KIND_NAMES = "['queue', 'replay', 'rollout', 'trajectory', 'transition']"
 CONFIGS = {
     "replay": {"kind": "replay", "capacity": 1000, "sample_batch_size": 32, "min_size": 10},
     "vectorized": {"kind": "replay", "capacity": 100, "sample_batch_size": 8, "num_buffers": 4},
@@ -126,6 +127,24 @@ CONFIGS = {
         "discount": 0.99,
         "gae_lambda": 0.95,
     },
+    "trajectory": {
+        "kind": "trajectory",
+        "num_envs": 8,
+        "capacity": 1000,
+        "sample_batch_size": 16,
+        "sequence_length": 20,
+        "period": 10,
+    },
+    "transition": {
+        "kind": "transition",
+        "num_envs": 8,
+        "capacity": 1000,
+        "sample_batch_size": 64,
+        "n_step": 3,
+        "discount": 0.97,
+        "min_episode_length": 50,
+    },
+    "queue": {"kind": "queue", "capacity": 64, "add_batch_size": 8, "sample_batch_size": 16},
 }
 
 
@@ -153,12 +172,12 @@ def test_buffers_build_from_dicts_and_files(tmp_path, name):
         (
             {"capacity": 10},
             ValueError,
-            "config['kind'] must be one of ['replay', 'rollout'], got None",
+            f"config['kind'] must be one of {KIND_NAMES}, got None",
         ),
         (
             {"kind": "heap"},
             ValueError,
-            "config['kind'] must be one of ['replay', 'rollout'], got 'heap'",
+            f"config['kind'] must be one of {KIND_NAMES}, got 'heap'",
         ),
         (
             CONFIGS["replay"] | {"capacityy": 5},
