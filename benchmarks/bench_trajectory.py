@@ -1,12 +1,15 @@
-"""Trajectory buffers: jaxbuf versus Flashbax's trajectory buffer and a bare-gather floor.
+"""Trajectory buffers: jaxbuf versus Flashbax's trajectory and flat buffers and a bare-gather floor.
 
 16 environments add one step each per call ({obs: float32[64], action: int32,
 reward: float32, done: bool}); `sample` draws 256 sequences of 2 or 32 steps.
 Total steps stored 1e4, 1e5, 1e6 (capacity per environment = total / 16).
 Standalone jitted calls (a donated `add`, a `sample` on a full buffer) and a
-jitted `lax.scan` of 1000 iterations of add + sample. The floor is the same
-windows gathered at precomputed (environment, start) positions (and, in the
-scan, a `dynamic_update_slice` write of one step per environment). jaxbuf's
+jitted `lax.scan` of 1000 iterations of add + sample. Flashbax's flat buffer
+(which samples pairs of consecutive steps) runs at L=2 only. The floor gathers
+the same number of windows at (environment, start) positions drawn in advance,
+fresh ones every call as a real sample has (the same positions every call
+would stay in the CPU cache and understate the cost at 1e6), and, in the scan,
+writes one step per environment with `dynamic_update_slice`. jaxbuf's
 `sample` includes its write-head safety and a `done_fn` mask. All cases take
 turns in every timed round.
 
@@ -57,6 +60,31 @@ class Adapter:
     def sample(self, state, key):
         return self.buffer.sample(state, key).experience
 
+    @staticmethod
+    def consume(batch) -> jax.Array:
+        """What a learner reads of a batch (so that the gathers are not optimized away)."""
+        return batch["reward"].sum() + batch["obs"][..., 0].sum()
+
+
+class FlatAdapter(Adapter):
+    """Flashbax's flat buffer: one step per environment in, pairs of steps out."""
+
+    def add(self, state, new):
+        return self.buffer.add(state, jax.tree.map(lambda x: x[:, 0], new))
+
+    def full_state(self):
+        state = self.buffer.init(EXAMPLE)
+        add = jax.jit(self.add, donate_argnums=0)
+        chunk = steps(jax.random.key(0), 1)
+        for _ in range(self.capacity):
+            state = add(state, chunk)
+        return state
+
+    @staticmethod
+    def consume(batch) -> jax.Array:
+        pair = (batch.first, batch.second)
+        return sum(p["reward"].sum() + p["obs"][..., 0].sum() for p in pair)
+
 
 def adapters(capacity: int, length: int) -> list[Adapter]:
     import flashbax as fbx
@@ -68,10 +96,17 @@ def adapters(capacity: int, length: int) -> list[Adapter]:
         max_length_time_axis=capacity, min_length_time_axis=length, sample_batch_size=BATCH,
         add_batch_size=NUM_ENVS, sample_sequence_length=length, period=1,
     )  # fmt: skip
-    return [
+    found = [
         Adapter("jaxbuf", ours, capacity, length),
         Adapter("flashbax", theirs, capacity, length),
     ]
+    if length == 2:
+        flat = fbx.make_flat_buffer(
+            max_length=capacity * NUM_ENVS, min_length=2, sample_batch_size=BATCH,
+            add_sequences=False, add_batch_size=NUM_ENVS,
+        )  # fmt: skip
+        found.append(FlatAdapter("flashbax_flat", flat, capacity, length))
+    return found
 
 
 def cases_for(impl: Adapter, calls: int, repeats: int) -> dict:
@@ -90,7 +125,7 @@ def cases_for(impl: Adapter, calls: int, repeats: int) -> dict:
         state, total = carry
         state = impl.add(state, new)
         batch = impl.sample(state, step_key)
-        return (state, total + batch["reward"].sum() + batch["obs"][:, :, 0].sum()), None
+        return (state, total + impl.consume(batch)), None
 
     scan = run_scan(body, (impl.full_state(), jnp.float32(0)), jax.random.split(key, SCAN_LENGTH))
     return {
@@ -102,6 +137,9 @@ def cases_for(impl: Adapter, calls: int, repeats: int) -> dict:
 
 def floor_cases(capacity: int, length: int, calls: int) -> dict:
     storage = jax.tree.map(lambda x: jnp.zeros((NUM_ENVS, capacity, *x.shape), x.dtype), EXAMPLE)
+    storage = jax.jit(lambda s, new: jax.tree.map(lambda x, n: x.at[:, :].set(n), s, new))(
+        storage, steps(jax.random.key(0), capacity)
+    )  # filled with data, as the buffers are
     key = jax.random.key(2)
 
     def windows(count):
@@ -112,9 +150,15 @@ def floor_cases(capacity: int, length: int, calls: int) -> dict:
     def gather(storage, env, time):
         return jax.tree.map(lambda x: x[env, time], storage)
 
-    (env1,), (time1,) = windows(1)
     jitted = jax.jit(gather)
     envs, times = windows(SCAN_LENGTH)
+    batches = list(zip(list(envs), list(times), strict=True))  # sliced once, not per call
+    fresh = iter(range(10**9))
+
+    def one_gather():
+        env, time = batches[next(fresh) % SCAN_LENGTH]
+        return jitted(storage, env, time)
+
     new = jax.tree.map(lambda x: x[:, 0], steps(key, 1))
     positions = jnp.arange(SCAN_LENGTH, dtype=jnp.int32) % capacity
 
@@ -125,11 +169,11 @@ def floor_cases(capacity: int, length: int, calls: int) -> dict:
             lambda s, x: jax.lax.dynamic_update_index_in_dim(s, x, position, 1), storage, new
         )
         batch = gather(storage, env, time)
-        return (storage, total + batch["reward"].sum() + batch["obs"][:, :, 0].sum()), None
+        return (storage, total + Adapter.consume(batch)), None
 
     scan_storage = jax.tree.map(jnp.copy, storage)
     return {
-        "floor_gather": (lambda: jitted(storage, env1, time1), calls),
+        "floor_gather": (one_gather, calls),
         "floor_scan": (run_scan(body, (scan_storage, jnp.float32(0)), (positions, envs, times)), 1),
     }
 
@@ -163,6 +207,9 @@ def main() -> None:
         row["sample_over_floor"] = row["jaxbuf_sample_us"] / row["floor_gather_us"]
         row["scan_over_flashbax"] = row["jaxbuf_scan_us"] / row["flashbax_scan_us"]
         row["scan_over_floor"] = row["jaxbuf_scan_us"] / row["floor_scan_us"]
+        if "flashbax_flat_sample_us" in row:
+            row["sample_over_flat"] = row["jaxbuf_sample_us"] / row["flashbax_flat_sample_us"]
+            row["scan_over_flat"] = row["jaxbuf_scan_us"] / row["flashbax_flat_scan_us"]
     columns = [
         ("L", "sequence_length", "{}"),
         ("total steps", "total_steps", "{:,}"),
@@ -179,6 +226,8 @@ def main() -> None:
         ("scan floor (µs/iter)", "floor_scan_us", "{:.1f}"),
         ("scan / Flashbax", "scan_over_flashbax", "{:.2f}"),
         ("scan / floor", "scan_over_floor", "{:.2f}"),
+        ("sample / Flashbax flat", "sample_over_flat", "{:.2f}"),
+        ("scan / Flashbax flat", "scan_over_flat", "{:.2f}"),
     ]
     write_results(args.out, "trajectory", rows, columns, __doc__)
 

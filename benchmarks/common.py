@@ -70,7 +70,11 @@ def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str
         header,
         "|" + "---|" * len(columns),
         *(
-            "| " + " | ".join(fmt.format(row[key]) for _, key, fmt in columns) + " |"
+            "| "
+            + " | ".join(
+                "-" if row.get(key) is None else fmt.format(row[key]) for _, key, fmt in columns
+            )
+            + " |"
             for row in rows
         ),
         "",

@@ -231,7 +231,8 @@ def make_episode_buffer(
         return state.replace(filled=filled - _first_stored(state, filled))
 
     def add_step(state: EpisodeBufferState, step: PyTree) -> EpisodeBufferState:
-        return add(state, _trajectory.one_step(state.storage.experience, step, config.num_envs))
+        spec = _replay.storage_spec(state.storage.experience, 1)
+        return add(state, _trajectory.one_step(spec, step, config.num_envs))
 
     def can_sample(state: EpisodeBufferState) -> jax.Array:
         return state.filled.sum() >= config.min_episodes

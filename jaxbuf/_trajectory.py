@@ -135,10 +135,20 @@ def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.
     return jnp.asarray(done)
 
 
-def one_step(experience: PyTree, step: PyTree, num_envs: int) -> PyTree:
+def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> int:
+    """Checks steps (leaves `[num_envs, T, *step_shape]`) against the step spec; returns T."""
+    axes = [("num_envs", num_envs), ("T", None)]
+    _, length = _validation.check_batch(spec, steps, axes, what="steps")
+    if length > capacity:
+        raise ValueError(
+            f"steps holds T={length} steps per environment, more than capacity={capacity}."
+        )
+    return length
+
+
+def one_step(spec: PyTree, step: PyTree, num_envs: int) -> PyTree:
     """Checks one step per environment (leaves `[num_envs, *step_shape]`) against the
-    storage and returns it with a time axis of length 1."""
-    spec = _replay.storage_spec(experience, 1)
+    step spec and returns it with a time axis of length 1."""
     _validation.check_batch(spec, step, [("num_envs", num_envs)], what="step")
     return jax.tree.map(lambda x: jnp.expand_dims(x, 1), step)
 
@@ -212,13 +222,7 @@ def make_trajectory_buffer(
 
     def add(state: TrajectoryBufferState, steps: PyTree) -> TrajectoryBufferState:
         spec = _replay.storage_spec(state.experience, 1)
-        axes = [("num_envs", config.num_envs), ("T", None)]
-        _, length = _validation.check_batch(spec, steps, axes, what="steps")
-        if length > config.capacity:
-            raise ValueError(
-                f"steps holds T={length} steps per environment, more than "
-                f"capacity={config.capacity}."
-            )
+        length = check_steps(spec, steps, config.num_envs, config.capacity)
         write = jax.vmap(_ring.write, in_axes=(0, None, 0))
         return state.replace(
             experience=write(state.experience, state.position, steps),
@@ -228,7 +232,8 @@ def make_trajectory_buffer(
         )
 
     def add_step(state: TrajectoryBufferState, step: PyTree) -> TrajectoryBufferState:
-        return add(state, one_step(state.experience, step, config.num_envs))
+        spec = _replay.storage_spec(state.experience, 1)
+        return add(state, one_step(spec, step, config.num_envs))
 
     def ready(state: TrajectoryBufferState, count: jax.Array) -> jax.Array:
         return (count > 0) & (state.size >= config.min_size)

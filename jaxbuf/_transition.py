@@ -324,17 +324,13 @@ def make_transition_buffer(
             stale=jnp.zeros(config.num_envs, jnp.int32),
         )
 
+    def spec(state: TransitionBufferState) -> Transition:
+        stored = _replay.storage_spec(state.storage.experience, 1)
+        return Transition(**stored, next_obs=stored["obs"])
+
     def add(state: TransitionBufferState, steps: Transition | Mapping) -> TransitionBufferState:
         steps = _as_transition(steps, "steps")
-        stored = _replay.storage_spec(state.storage.experience, 1)
-        spec = Transition(**stored, next_obs=stored["obs"])
-        axes = [("num_envs", config.num_envs), ("T", None)]
-        _, length = _validation.check_batch(spec, steps, axes, what="steps")
-        if length > config.capacity:
-            raise ValueError(
-                f"steps holds T={length} steps per environment, more than "
-                f"capacity={config.capacity}."
-            )
+        _trajectory.check_steps(spec(state), steps, config.num_envs, config.capacity)
         before = state.storage
         state, evicted, number = _write_final(state, steps, k)
         after = steps_buffer.add(before, {name: getattr(steps, name) for name in STORED})
@@ -344,10 +340,7 @@ def make_transition_buffer(
 
     def add_step(state: TransitionBufferState, step: Transition | Mapping) -> TransitionBufferState:
         step = _as_transition(step, "step")
-        stored = _replay.storage_spec(state.storage.experience, 1)
-        spec = Transition(**stored, next_obs=stored["obs"])
-        _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
-        return add(state, jax.tree.map(lambda x: jnp.expand_dims(x, 1), step))
+        return add(state, _trajectory.one_step(spec(state), step, config.num_envs))
 
     def counts(state: TransitionBufferState) -> jax.Array:
         """Allowed starts per environment: chronological offsets `[stale, size - n)`."""
