@@ -19,6 +19,14 @@ from jaxbuf._episode import (
 )
 from jaxbuf._export import export, stored_items, to_torch
 from jaxbuf._mix import MixedSample, mix
+from jaxbuf._prioritized import (
+    PrioritizedReplayBuffer,
+    PrioritizedReplayBufferConfig,
+    PrioritizedReplayBufferState,
+    PrioritizedSample,
+    make_prioritized_replay_buffer,
+)
+from jaxbuf._priority import PriorityState
 from jaxbuf._queue import Queue, QueueConfig, QueueSample, QueueState, make_queue
 from jaxbuf._replay import (
     ReplayBuffer,
@@ -68,6 +76,11 @@ __all__ = [
     "InitFn",
     "MixedSample",
     "NStepSample",
+    "PrioritizedReplayBuffer",
+    "PrioritizedReplayBufferConfig",
+    "PrioritizedReplayBufferState",
+    "PrioritizedSample",
+    "PriorityState",
     "Queue",
     "QueueConfig",
     "QueueSample",
@@ -101,6 +114,7 @@ __all__ = [
     "lambda_returns",
     "load_metadata",
     "make_episode_buffer",
+    "make_prioritized_replay_buffer",
     "make_queue",
     "make_replay_buffer",
     "make_rollout_buffer",
