@@ -50,11 +50,11 @@ class Reference:
 
 def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant):
     rng = np.random.default_rng(0)
-    for capacity in (1, 5, 16, 37):
+    update, find = variant(_sumtree.update), variant(_sumtree.find)
+    for capacity in (1, 5, 37):
         tree = _sumtree.init(capacity)
         values = np.zeros(capacity)
-        update = variant(_sumtree.update)
-        for _ in range(30):
+        for _ in range(15):
             indices = rng.integers(0, capacity, 12)
             new = rng.choice([0.0, 0.5, 1.0, 2.0, 7.0], 12)
             keep = rng.random(12) < 0.8
@@ -69,9 +69,10 @@ def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant):
             np.testing.assert_array_equal(_sumtree.leaves(tree, jnp.arange(capacity)), values)
             if values.sum() == 0:
                 continue
-            # Every integer target lands in the leaf whose prefix interval holds it.
-            targets = np.arange(int(values.sum()))
-            found = variant(_sumtree.find)(tree, jnp.asarray(targets, jnp.float32))
+            # Integer targets (exact in float32) land in the leaf whose prefix interval holds them.
+            top = int(np.ceil(values.sum()))
+            targets = np.append(rng.integers(0, top, 63), top - 1)
+            found = find(tree, jnp.asarray(targets, jnp.float32))
             expected = np.searchsorted(np.cumsum(values), targets, side="right")
             np.testing.assert_array_equal(found, expected)
 
