@@ -26,6 +26,16 @@ from jaxbuf._prioritized import (
     PrioritizedSample,
     make_prioritized_replay_buffer,
 )
+from jaxbuf._prioritized_steps import (
+    PrioritizedNStepSample,
+    PrioritizedSequenceSample,
+    PrioritizedTrajectoryBuffer,
+    PrioritizedTrajectoryBufferConfig,
+    PrioritizedTrajectoryBufferState,
+    PrioritizedTransitionBufferConfig,
+    make_prioritized_trajectory_buffer,
+    make_prioritized_transition_buffer,
+)
 from jaxbuf._priority import PriorityState
 from jaxbuf._queue import Queue, QueueConfig, QueueSample, QueueState, make_queue
 from jaxbuf._replay import (
@@ -76,10 +86,16 @@ __all__ = [
     "InitFn",
     "MixedSample",
     "NStepSample",
+    "PrioritizedNStepSample",
     "PrioritizedReplayBuffer",
     "PrioritizedReplayBufferConfig",
     "PrioritizedReplayBufferState",
     "PrioritizedSample",
+    "PrioritizedSequenceSample",
+    "PrioritizedTrajectoryBuffer",
+    "PrioritizedTrajectoryBufferConfig",
+    "PrioritizedTrajectoryBufferState",
+    "PrioritizedTransitionBufferConfig",
     "PriorityState",
     "Queue",
     "QueueConfig",
@@ -115,6 +131,8 @@ __all__ = [
     "load_metadata",
     "make_episode_buffer",
     "make_prioritized_replay_buffer",
+    "make_prioritized_trajectory_buffer",
+    "make_prioritized_transition_buffer",
     "make_queue",
     "make_replay_buffer",
     "make_rollout_buffer",

@@ -153,6 +153,24 @@ def one_step(spec: PyTree, step: PyTree, num_envs: int) -> PyTree:
     return jax.tree.map(lambda x: jnp.expand_dims(x, 1), step)
 
 
+def windows(
+    experience: PyTree,
+    envs: jax.Array,
+    starts: jax.Array,
+    length: int,
+    done_fn: Callable[[PyTree], jax.Array] | None,
+) -> tuple[PyTree, jax.Array | None]:
+    """The `length` steps from each (env, start) `[B]`, wrapping around the storage,
+    and the episode mask (None without `done_fn`)."""
+    capacity = jax.tree_util.tree_leaves(experience)[0].shape[1]
+    times = (starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]) % capacity
+    experience = jax.tree.map(
+        lambda x: x.at[envs[:, None], times].get(mode="promise_in_bounds"), experience
+    )
+    mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
+    return experience, mask
+
+
 def episode_mask(done: jax.Array) -> jax.Array:
     """True up to and including the first true of each row of `done` `[batch, L]`."""
     done = done.astype(jnp.int32)
@@ -249,11 +267,7 @@ def make_trajectory_buffer(
         starts = (
             first + _sampling.scale_below(words[batch:], count) * config.period
         ) % config.capacity
-        times = (starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]) % config.capacity
-        experience = jax.tree.map(
-            lambda x: x.at[envs[:, None], times].get(mode="promise_in_bounds"), state.experience
-        )
-        mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
+        experience, mask = windows(state.experience, envs, starts, length, done_fn)
         valid = jnp.broadcast_to(ready(state, count), (batch,))
         return SequenceSample(experience, envs, starts, mask, valid)
 

@@ -248,6 +248,50 @@ def _stale(before, after, stale, evicted, number) -> jax.Array:
     return jnp.where(evicted, jnp.maximum(shifted, offset + 1), shifted)
 
 
+def n_step_at(
+    state: TransitionBufferState, envs: jax.Array, starts: jax.Array, n: int, discount: float
+) -> NStepSample:
+    """The n-step transitions from each (env, start) `[B]`; `valid` is all true."""
+    steps = state.storage.experience
+    capacity = state.final_slot.shape[1]
+    times = (starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]) % capacity
+    window = envs[:, None], times
+
+    def at(tree, env, time):
+        return jax.tree.map(lambda x: x.at[env, time].get(mode="promise_in_bounds"), tree)
+
+    reward, terminated, truncated = (
+        steps[name].at[window].get(mode="promise_in_bounds")
+        for name in ("reward", "terminated", "truncated")
+    )
+    done = terminated | truncated
+    used = _trajectory.episode_mask(done)
+    length = used.sum(axis=1, dtype=jnp.int32)
+    last = (length - 1)[:, None]
+    powers = jnp.asarray(np.power(discount, np.arange(n + 1)), reward.dtype)
+    ended = jnp.take_along_axis(done, last, axis=1)[:, 0]
+    slot = state.final_slot.at[envs, jnp.take_along_axis(times, last, axis=1)[:, 0]].get(
+        mode="promise_in_bounds"
+    )
+    final = at(state.final_obs, envs, slot.astype(jnp.int32))
+    following = at(steps["obs"], envs, (starts + n) % capacity)
+    return NStepSample(
+        obs=at(steps["obs"], envs, starts),
+        action=at(steps["action"], envs, starts),
+        reward=jnp.sum(jnp.where(used, reward * powers[None, :n], 0), axis=1),
+        discount=jnp.where(
+            jnp.take_along_axis(terminated, last, axis=1)[:, 0], 0, powers[length]
+        ).astype(reward.dtype),
+        next_obs=jax.tree.map(
+            lambda f, o: jnp.where(ended.reshape(-1, *[1] * (f.ndim - 1)), f, o), final, following
+        ),
+        length=length,
+        env_indices=envs,
+        time_indices=starts,
+        valid=jnp.ones(envs.shape, bool),
+    )
+
+
 def make_transition_buffer(
     num_envs: int,
     capacity: int,
@@ -351,48 +395,13 @@ def make_transition_buffer(
 
     def sample(state: TransitionBufferState, key: jax.Array) -> NStepSample:
         storage, batch = state.storage, config.sample_batch_size
-        allowed = counts(state)
-        envs, member = _sampling.uniform_in_groups(_sampling.random_words(key, batch), allowed)
+        envs, member = _sampling.uniform_in_groups(
+            _sampling.random_words(key, batch), counts(state)
+        )
         oldest = storage.position - storage.size
         starts = (oldest + state.stale[envs] + member) % config.capacity
-        times = (starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]) % config.capacity
-        window = envs[:, None], times
-
-        def at(tree, env, time):
-            return jax.tree.map(lambda x: x.at[env, time].get(mode="promise_in_bounds"), tree)
-
-        steps = storage.experience
-        reward, terminated, truncated = (
-            steps[name].at[window].get(mode="promise_in_bounds")
-            for name in ("reward", "terminated", "truncated")
-        )
-        done = terminated | truncated
-        used = _trajectory.episode_mask(done)
-        length = used.sum(axis=1, dtype=jnp.int32)
-        last = (length - 1)[:, None]
-        powers = jnp.asarray(np.power(config.discount, np.arange(n + 1)), reward.dtype)
-        ended = jnp.take_along_axis(done, last, axis=1)[:, 0]
-        slot = state.final_slot.at[envs, jnp.take_along_axis(times, last, axis=1)[:, 0]].get(
-            mode="promise_in_bounds"
-        )
-        final = at(state.final_obs, envs, slot.astype(jnp.int32))
-        following = at(steps["obs"], envs, (starts + n) % config.capacity)
-        return NStepSample(
-            obs=at(steps["obs"], envs, starts),
-            action=at(steps["action"], envs, starts),
-            reward=jnp.sum(jnp.where(used, reward * powers[None, :n], 0), axis=1),
-            discount=jnp.where(
-                jnp.take_along_axis(terminated, last, axis=1)[:, 0], 0, powers[length]
-            ).astype(reward.dtype),
-            next_obs=jax.tree.map(
-                lambda f, o: jnp.where(ended.reshape(-1, *[1] * (f.ndim - 1)), f, o),
-                final,
-                following,
-            ),
-            length=length,
-            env_indices=envs,
-            time_indices=starts,
-            valid=jnp.broadcast_to(can_sample(state), (batch,)),
+        return n_step_at(state, envs, starts, n, config.discount).replace(
+            valid=jnp.broadcast_to(can_sample(state), (batch,))
         )
 
     return TransitionBuffer(init, add, add_step, sample, can_sample, config)
