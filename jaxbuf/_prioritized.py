@@ -154,7 +154,7 @@ def make_prioritized_replay_buffer(
         return state.replace(priorities=updated)
 
     def can_sample(state: PrioritizedReplayBufferState) -> jax.Array:
-        return (state.storage.size >= config.min_size) & (state.priorities.tree.sums[1] > 0)
+        return (state.storage.size >= config.min_size) & (state.priorities.tree.total > 0)
 
     def sample(
         state: PrioritizedReplayBufferState, key: jax.Array, importance_exponent=0.4
@@ -164,7 +164,8 @@ def make_prioritized_replay_buffer(
             state.priorities, key, config.sample_batch_size, config.capacity,
             config.stratified, importance_exponent,
         )  # fmt: skip
-        valid = drawn.positive & can_sample(state)
+        # `drawn.positive` implies a positive total; the tree is read only by the draw.
+        valid = drawn.positive & (state.storage.size >= config.min_size)
         return PrioritizedSample(
             experience=jax.tree.map(
                 lambda x: x.at[drawn.slots].get(mode="promise_in_bounds"),

@@ -231,7 +231,7 @@ def make_prioritized_trajectory_buffer(
     layout = _Layout(t.num_envs, t.capacity, t.sequence_length, t.period, config.priority_exponent)
 
     def can_sample(state) -> jax.Array:
-        return (state.storage.size >= t.min_size) & (state.priorities.tree.sums[1] > 0)
+        return (state.storage.size >= t.min_size) & (state.priorities.tree.total > 0)
 
     def sample(state, key, importance_exponent=0.4) -> PrioritizedSequenceSample:
         drawn, envs, starts = _draw(
@@ -240,7 +240,7 @@ def make_prioritized_trajectory_buffer(
         experience, mask = _trajectory.windows(
             state.storage.experience, envs, starts, t.sequence_length, done_fn
         )
-        valid = drawn.positive & can_sample(state)
+        valid = drawn.positive & (state.storage.size >= t.min_size)  # see the replay buffer
         return PrioritizedSequenceSample(
             experience, drawn.slots, envs, starts, mask, drawn.probabilities,
             jnp.where(valid, drawn.weights, 0.0), valid,
@@ -298,7 +298,7 @@ def make_prioritized_transition_buffer(
     layout = _Layout(t.num_envs, t.capacity, t.n_step + 1, 1, config.priority_exponent)
 
     def can_sample(state) -> jax.Array:
-        return base.can_sample(state.storage) & (state.priorities.tree.sums[1] > 0)
+        return base.can_sample(state.storage) & (state.priorities.tree.total > 0)
 
     def sample(state, key, importance_exponent=0.4) -> PrioritizedNStepSample:
         drawn, envs, starts = _draw(
@@ -307,7 +307,7 @@ def make_prioritized_transition_buffer(
         storage = state.storage.storage
         offset = (starts - (storage.position - storage.size)) % t.capacity
         fresh = offset >= state.storage.stale[envs]  # its final observation is still stored
-        valid = drawn.positive & fresh & can_sample(state)
+        valid = drawn.positive & fresh & base.can_sample(state.storage)
         transitions = _transition.n_step_at(state.storage, envs, starts, t.n_step, t.discount)
         return PrioritizedNStepSample(
             transitions.replace(valid=valid), drawn.slots, drawn.probabilities,

@@ -125,18 +125,17 @@ def draw(
     `j` with a positive priority, which is `(leaf_i / min_leaf) ** -beta`.
     """
     beta = jnp.asarray(importance_exponent, jnp.float32)
-    tree = state.tree
-    total = tree.sums[1]
     words = _sampling.random_words(key, count)
     uniform = (words >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # [0, 1)
     if stratified:  # one draw in each of `count` equal segments of the mass
         uniform = (jnp.arange(count, dtype=jnp.float32) + uniform) / count
-    slots = jnp.minimum(_sumtree.find(tree, uniform * total), num_slots - 1)
-    leaf = _sumtree.leaves(tree, slots)
-    positive = leaf > 0
+    # Every read of the tree happens inside `find` (see `_sumtree`).
+    slots, leaf, total, smallest = _sumtree.find(state.tree, uniform)
+    slots = jnp.minimum(slots, num_slots - 1)
+    positive = (leaf > 0) & (total > 0)
     safe = jnp.where(positive, leaf, 1.0)
-    weights = jnp.where(positive, (safe / jnp.where(positive, tree.mins[1], 1.0)) ** -beta, 0.0)
-    probabilities = jnp.where(total > 0, leaf / jnp.where(total > 0, total, 1.0), 0.0)
+    weights = jnp.where(positive, (safe / jnp.where(positive, smallest, 1.0)) ** -beta, 0.0)
+    probabilities = jnp.where(positive, safe / jnp.where(total > 0, total, 1.0), 0.0)
     return Draw(slots, probabilities, weights, positive)
 
 

@@ -63,18 +63,24 @@ def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant):
             for i, v, k in zip(indices, new, keep, strict=True):  # the last kept one wins
                 if k:
                     values[i] = v
-            assert float(tree.sums[1]) == values.sum()
+            assert float(tree.total) == values.sum()
             positive = values[values > 0]
-            assert float(tree.mins[1]) == (positive.min() if len(positive) else np.inf)
+            assert float(tree.minimum) == (positive.min() if len(positive) else np.inf)
             np.testing.assert_array_equal(_sumtree.leaves(tree, jnp.arange(capacity)), values)
             if values.sum() == 0:
                 continue
-            # Integer targets (exact in float32) land in the leaf whose prefix interval holds them.
-            top = int(np.ceil(values.sum()))
-            targets = np.append(rng.integers(0, top, 63), top - 1)
-            found = find(tree, jnp.asarray(targets, jnp.float32))
+            # Targets a quarter away from every prefix sum (multiples of 0.5) land in
+            # the leaf whose prefix interval holds them.
+            total = values.sum()
+            targets = rng.integers(0, int(2 * total), 64) / 2 + 0.25
+            found, value, got_total, smallest = find(
+                tree, jnp.asarray(targets / total, jnp.float32)
+            )
             expected = np.searchsorted(np.cumsum(values), targets, side="right")
             np.testing.assert_array_equal(found, expected)
+            np.testing.assert_array_equal(value, values[expected])
+            np.testing.assert_array_equal(got_total, np.full(64, total))
+            np.testing.assert_array_equal(smallest, np.full(64, positive.min()))
 
 
 def test_random_operations_match_the_reference_at_every_wrap():
@@ -160,12 +166,12 @@ def test_float32_never_draws_an_empty_or_zero_priority_slot_after_a_million_upda
     assert int(bad.sum()) == 0 and bool(consistent.all())  # 4000 * 256 > 1e6 updates
     tree = state.priorities.tree
     leaves = np.asarray(_sumtree.leaves(tree, jnp.arange(capacity)), np.float64)
-    np.testing.assert_allclose(float(tree.sums[1]), leaves.sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(tree.total), leaves.sum(), rtol=1e-5)
     # Targets at and past the float32 total still land on positive leaves.
-    total = tree.sums[1]
-    edges = jnp.stack([total, jnp.nextafter(total, jnp.inf), total * 2, jnp.float32(0)])
-    found = _sumtree.find(tree, edges)
-    assert (leaves[np.asarray(found)] > 0).all()
+    one = jnp.float32(1)
+    edges = jnp.stack([one, jnp.nextafter(one, jnp.inf), 2 * one, 0 * one])
+    found, value, _, _ = _sumtree.find(tree, edges)
+    assert (leaves[np.asarray(found)] > 0).all() and (np.asarray(value) > 0).all()
 
 
 def test_rejected_priorities_leave_the_tree_intact():
