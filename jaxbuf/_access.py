@@ -16,9 +16,13 @@ PyTree = Any
 
 
 def steps_of(state: Any) -> Any:
-    """The trajectory storage of a transition or episode state; other states as they are."""
-    storage = getattr(state, "storage", None)
-    return storage if isinstance(storage, TrajectoryBufferState) else state
+    """The replay or trajectory storage inside a composed state (transition, episode,
+    prioritized); any other state as it is."""
+    while not isinstance(state, (ReplayBufferState, TrajectoryBufferState)) and hasattr(
+        state, "storage"
+    ):
+        state = state.storage
+    return state
 
 
 def _index_count(state: Any) -> int:
@@ -36,7 +40,7 @@ def take(state: Any, *indices: jax.Array) -> PyTree:
       state: a replay state (`take(state, rows)`), a vectorized replay state
         (`take(state, buffer_indices, rows)`) or a trajectory, transition or
         episode state (`take(state, env_indices, time_indices)`: stored steps), as
-        the samples return them.
+        the samples return them; a prioritized state as its storage.
       *indices: integer arrays of one shape, say `[k]`; out-of-range values are
         clamped, as JAX indexing does.
 

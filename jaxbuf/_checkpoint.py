@@ -44,6 +44,13 @@ def _leaves(state: Any) -> dict[str, dict]:
     }
 
 
+def _plain(value: Any) -> Any:
+    """A configuration record as nested dicts (JSON would turn a NamedTuple into a list)."""
+    if hasattr(value, "_asdict"):
+        return {key: _plain(item) for key, item in value._asdict().items()}
+    return value
+
+
 def _describe(buffer: Any) -> tuple[str | None, dict | None]:
     """The kind and configuration of a buffer made by a jaxbuf factory, if given."""
     if buffer is None:
@@ -51,7 +58,7 @@ def _describe(buffer: Any) -> tuple[str | None, dict | None]:
     config = getattr(buffer, "config", None)
     if config is None or not hasattr(config, "_asdict"):
         raise TypeError(f"buffer must be a jaxbuf buffer, got {type(buffer).__name__}.")
-    described = dict(config._asdict())
+    described = _plain(config)
     if hasattr(buffer, "num_buffers"):
         described["num_buffers"] = buffer.num_buffers
     return type(buffer).__name__, described

@@ -9,6 +9,11 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from jaxbuf._prioritized import make_prioritized_replay_buffer
+from jaxbuf._prioritized_steps import (
+    make_prioritized_trajectory_buffer,
+    make_prioritized_transition_buffer,
+)
 from jaxbuf._queue import make_queue
 from jaxbuf._replay import make_replay_buffer
 from jaxbuf._rollout import make_rollout_buffer
@@ -19,6 +24,9 @@ from jaxbuf._vectorize import vectorize
 #: The buffer kinds a configuration can name, and the factory each one calls.
 #: (The episode buffer needs a `done_fn`, which no configuration file can hold.)
 KINDS = {
+    "prioritized_replay": make_prioritized_replay_buffer,
+    "prioritized_trajectory": make_prioritized_trajectory_buffer,
+    "prioritized_transition": make_prioritized_transition_buffer,
     "queue": make_queue,
     "replay": make_replay_buffer,
     "rollout": make_rollout_buffer,
@@ -55,8 +63,9 @@ def _read(path: pathlib.Path) -> Any:
 def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike):
     """Builds a buffer from a configuration dict or file, validated.
 
-    The configuration names the `kind` (`"queue"`, `"replay"`, `"rollout"`,
-    `"trajectory"` or `"transition"`) and the keyword arguments of its factory
+    The configuration names the `kind` (`"prioritized_replay"`,
+    `"prioritized_trajectory"`, `"prioritized_transition"`, `"queue"`, `"replay"`,
+    `"rollout"`, `"trajectory"` or `"transition"`) and the keyword arguments of its factory
     (`make_queue`, `make_replay_buffer`, ...); a replay configuration may add `num_buffers` to get
     `vectorize(buffer, num_buffers)`. Values are checked by the factory, whose
     errors name the argument; keys are checked here.

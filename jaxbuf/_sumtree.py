@@ -89,14 +89,30 @@ def update(
     keep: jax.Array | None = None,
     *,
     unique: bool = False,
+    method: str | None = None,
 ) -> SumTreeState:
     """Sets leaves `indices` `[B]` (in `[0, capacity)`) to `values` `[B]` (float32,
     `>= 0`, finite).
 
-    Where an index appears several times, its LAST kept occurrence wins (pass
-    `unique=True` to skip that resolution when the indices are known distinct).
-    Entries with `keep` false (bool `[B]`) are ignored. O(B log capacity).
+    Where an index appears several times, its LAST kept occurrence wins. Entries
+    with `keep` false (bool `[B]`) are ignored. O(B log capacity).
+
+    Args:
+      tree: the tree.
+      indices, values, keep: the leaves, their new values and which to write.
+      unique: the indices are known distinct (skips the duplicate resolution of
+        the parallel method).
+      method: `"sequential"` walks each leaf's path to the root in turn, in scalar
+        loops, which XLA compiles tightly on CPU (5 us against 90 us for B = 8,
+        100 against 150 for B = 256); `"parallel"` recomputes one level of every
+        path at a time, for accelerators. None picks by the default backend.
     """
+    if method is None:
+        method = "sequential" if jax.default_backend() == "cpu" else "parallel"
+    if method == "sequential":
+        return _update_sequential(tree, indices, values, keep)
+    if method != "parallel":
+        raise ValueError(f"method must be 'sequential' or 'parallel', got {method!r}.")
     offset = _leaf_offset(tree)
     if not unique:  # the last occurrence among the kept entries
         marked = indices if keep is None else jnp.where(keep, indices, -1 - jnp.arange(len(keep)))
@@ -104,8 +120,7 @@ def update(
         keep = last if keep is None else keep & last
     size = tree.nodes.shape[0]  # out of bounds: the write is dropped
     rows = indices + offset if keep is None else jnp.where(keep, indices + offset, size)
-    leaf = jnp.stack([values, jnp.where(values > 0, values, jnp.inf)], axis=-1)
-    nodes = tree.nodes.at[rows].set(leaf, mode="drop")
+    nodes = tree.nodes.at[rows].set(_leaf_rows(values), mode="drop")
 
     def level(_, carry):  # a loop, not unrolled: on CPU about 3x faster at B = 256
         rows, nodes = carry
@@ -115,6 +130,36 @@ def update(
         return rows, nodes.at[rows].set(summary, mode="drop")
 
     _, nodes = jax.lax.fori_loop(0, _depth(tree), level, (rows, nodes))
+    return SumTreeState(nodes=nodes)
+
+
+def _leaf_rows(values: jax.Array) -> jax.Array:
+    """Rows `(sum, min)` of leaves holding `values`: `[..., 2]`."""
+    return jnp.stack([values, jnp.where(values > 0, values, jnp.inf)], axis=-1)
+
+
+def _update_sequential(tree, indices, values, keep) -> SumTreeState:
+    """One leaf after another (so the last occurrence wins), each path in a scalar loop."""
+    offset = _leaf_offset(tree)
+    keep = jnp.ones(indices.shape, bool) if keep is None else keep
+
+    def level(_, carry):
+        row, nodes = carry
+        row = row // 2
+        pair = jax.lax.dynamic_slice(nodes, (2 * row, 0), (2, 2))
+        up = jnp.stack([pair[0, 0] + pair[1, 0], jnp.minimum(pair[0, 1], pair[1, 1])])
+        return row, jax.lax.dynamic_update_slice(nodes, up[None], (row, 0))
+
+    def one(nodes, entry):
+        index, value, kept = entry
+        row = index + offset
+        old = jax.lax.dynamic_slice(nodes, (row, 0), (1, 2))[0]
+        nodes = jax.lax.dynamic_update_slice(
+            nodes, jnp.where(kept, _leaf_rows(value), old)[None], (row, 0)
+        )  # a skipped entry recomputes its unchanged path: harmless
+        return jax.lax.fori_loop(0, _depth(tree), level, (row, nodes))[1], None
+
+    nodes, _ = jax.lax.scan(one, tree.nodes, (indices, values, keep))
     return SumTreeState(nodes=nodes)
 
 

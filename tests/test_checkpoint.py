@@ -14,6 +14,7 @@ from flax import serialization, struct
 
 import jaxbuf
 from jaxbuf import _checkpoint
+from jaxbuf._access import steps_of
 
 EXAMPLE = {"obs": jnp.zeros(3), "action": jnp.int32(0), "done": jnp.bool_(False)}
 STEP = {
@@ -66,6 +67,11 @@ def states():
     )  # fmt: skip
     example = jax.tree.map(lambda x: x[0, 0], steps)
     xstate = transitions.add(transitions.init(example), steps)
+    prioritized = jaxbuf.make_prioritized_replay_buffer(8, 4)
+    pstate = prioritized.add(prioritized.init(EXAMPLE), items(5))
+    pstate = prioritized.set_priorities(pstate, jnp.arange(5), jnp.arange(5.0))
+    psequences = jaxbuf.make_prioritized_trajectory_buffer(2, 6, 4, 2)
+    qstate = psequences.add(psequences.init(EXAMPLE), items(5, 0, lead=(2,)))
     return [
         (replay, state, replay.init(EXAMPLE)),
         (vectorized, vstate, vectorized.init(EXAMPLE)),
@@ -73,15 +79,22 @@ def states():
         (trajectory, tstate, trajectory.init(EXAMPLE)),
         (episodes, estate, episodes.init(EXAMPLE)),
         (transitions, xstate, transitions.init(example)),
+        (prioritized, pstate, prioritized.init(EXAMPLE)),
+        (psequences, qstate, psequences.init(EXAMPLE)),
     ]
 
 
-KINDS = ["replay", "vectorized", "rollout", "trajectory", "episode", "transition"]
+KINDS = [
+    "replay", "vectorized", "rollout", "trajectory", "episode", "transition", "prioritized",
+    "prioritized_sequences",
+]  # fmt: skip
 OBS_PATHS = [
     ".experience['obs']",
     ".experience['obs']",
     ".steps['obs']",
     ".experience['obs']",
+    ".storage.experience['obs']",
+    ".storage.experience['obs']",
     ".storage.experience['obs']",
     ".storage.experience['obs']",
 ]
@@ -128,10 +141,10 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
         and metadata["jaxbuf_version"] == jaxbuf.__version__
     )
     assert metadata["config"] == {
-        **buffer.config._asdict(),
+        **_checkpoint._plain(buffer.config),
         **({"num_buffers": 2} if index == 1 else {}),
     }
-    size = getattr(state, "storage", state).size
+    size = steps_of(state).size
     assert metadata["size"] == np.asarray(size).tolist()
     obs = jax.tree_util.tree_flatten_with_path(state)[0]
     obs = next(x for path, x in obs if jax.tree_util.keystr(path) == OBS_PATHS[index])

@@ -116,7 +116,10 @@ def test_torch_is_optional(monkeypatch, state):
         jaxbuf.to_torch({"x": jnp.zeros(2)})
 
 
-KIND_NAMES = "['queue', 'replay', 'rollout', 'trajectory', 'transition']"
+KIND_NAMES = (
+    "['prioritized_replay', 'prioritized_trajectory', 'prioritized_transition', 'queue', "
+    "'replay', 'rollout', 'trajectory', 'transition']"
+)
 CONFIGS = {
     "replay": {"kind": "replay", "capacity": 1000, "sample_batch_size": 32, "min_size": 10},
     "vectorized": {"kind": "replay", "capacity": 100, "sample_batch_size": 8, "num_buffers": 4},
@@ -143,6 +146,13 @@ CONFIGS = {
         "n_step": 3,
         "discount": 0.97,
         "min_episode_length": 50,
+    },
+    "prioritized": {
+        "kind": "prioritized_replay",
+        "capacity": 1000,
+        "sample_batch_size": 32,
+        "priority_exponent": 0.7,
+        "stratified": False,
     },
     "queue": {"kind": "queue", "capacity": 64, "add_batch_size": 8, "sample_batch_size": 16},
 }

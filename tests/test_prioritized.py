@@ -1,5 +1,6 @@
 """Prioritized replay and its sum tree against NumPy references."""
 
+import functools
 import re
 
 import chex
@@ -48,9 +49,11 @@ class Reference:
         return np.where(self.priority > 0, self.priority**self.alpha, 0.0)
 
 
-def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant):
+@pytest.mark.parametrize("method", ["sequential", "parallel"])
+def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant, method):
     rng = np.random.default_rng(0)
-    update, find = variant(_sumtree.update), variant(_sumtree.find)
+    update = variant(functools.partial(_sumtree.update, method=method))
+    find = variant(_sumtree.find)
     for capacity in (1, 5, 37):
         tree = _sumtree.init(capacity)
         values = np.zeros(capacity)
