@@ -76,10 +76,10 @@ def last_occurrence(indices: jax.Array) -> jax.Array:
     return jnp.zeros(indices.shape, bool).at[order].set(last, unique_indices=True)
 
 
-def _children(nodes: jax.Array, parents: jax.Array) -> jax.Array:
+def _children(nodes: jax.Array, parents: jax.Array, mode: str = "clip") -> jax.Array:
     """Rows `2p` and `2p + 1` of each parent `p` `[B]`: `[B, 2 (left, right), 2 (sum, min)]`."""
     pair = 2 * parents[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]
-    return jnp.take(nodes, pair, axis=0, mode="clip")
+    return nodes.at[pair].get(mode=mode)
 
 
 def update(
@@ -189,7 +189,7 @@ def find(tree: SumTreeState, fractions: jax.Array):
 
     def level(_, carry):
         node, targets, value = carry
-        pair = _children(tree.nodes, node)
+        pair = _children(tree.nodes, node, "promise_in_bounds")  # node < P
         left, right = pair[:, 0, 0], pair[:, 1, 0]
         go_right = ((targets >= left) & (right > 0)) | (left <= 0)
         targets = jnp.where(go_right, targets - left, targets)
