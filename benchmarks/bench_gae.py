@@ -12,13 +12,12 @@ Run: `python benchmarks/bench_gae.py [--quick] [--out benchmarks/results]`.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import interleaved_medians, write_results
+from common import command_line, interleaved_medians, write_results
 
 import jaxbuf
 
@@ -91,10 +90,7 @@ def cases(steps: int, batch: int, budget: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = command_line(__doc__)
     budget, repeats = (0.02, 3) if args.quick else (0.1, 9)
     rows = []
     for steps in (128, 1024, 8192):

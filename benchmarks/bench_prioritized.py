@@ -19,11 +19,9 @@ Run: `python benchmarks/bench_prioritized.py [--quick] [--out benchmarks/results
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-from common import interleaved_medians, run_scan, write_results
+from common import command_line, interleaved_medians, run_scan, write_results
 
 import jaxbuf
 
@@ -160,10 +158,7 @@ def cases_for(impl: Impl, kind: str, calls: int, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = command_line(__doc__)
     calls, repeats = (10, 3) if args.quick else (100, 11)
     rows = []
     for kind, impls in implementations().items():

@@ -17,11 +17,9 @@ Run: `python benchmarks/bench_replay.py [--quick] [--out benchmarks/results]`.
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-from common import interleaved_medians, run_scan, write_results
+from common import command_line, interleaved_medians, run_scan, write_results
 
 import jaxbuf
 
@@ -155,10 +153,7 @@ def measure(capacity: int, calls: int, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = command_line(__doc__)
     calls, repeats = (20, 3) if args.quick else (200, 15)
     rows = []
     for capacity in (10_000, 100_000, 1_000_000):

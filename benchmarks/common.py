@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -47,6 +48,14 @@ def environment() -> dict:
         "platform": platform.platform(),
         "versions": {p: _version(p) for p in ("jaxbuf", "jax", "jaxlib", "flax", "flashbax")},
     }
+
+
+def command_line(doc: str) -> argparse.Namespace:
+    """The arguments every timing script takes: `--quick` (a smoke run) and `--out`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    parser.add_argument("--out", default="benchmarks/results")
+    return parser.parse_args()
 
 
 def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str) -> None:
