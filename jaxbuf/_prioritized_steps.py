@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuf import _priority, _trajectory, _transition, _validation
+from jaxbuf._access import steps_of
 
 PyTree = Any
 
@@ -107,20 +108,15 @@ def _valid_start(storage, layout: _Layout, times: jax.Array) -> jax.Array:
     return (times % layout.period == 0) & (age >= layout.span - 1) & (age < storage.size)
 
 
-def _steps(storage):
-    """The trajectory storage of a trajectory or transition state."""
-    return getattr(storage, "storage", storage)
-
-
 def _after_add(state, storage, length: int, layout: _Layout) -> _priority.PriorityState:
     """Priorities after `length` steps were written at the old position (see module doc)."""
     n, c = layout.num_envs, layout.capacity
     base = (jnp.arange(n, dtype=jnp.int32) * c)[:, None]
     j = jnp.arange(length, dtype=jnp.int32)[None, :]
-    old = _steps(state.storage).position
+    old = steps_of(state.storage).position
     priorities = _priority.clear(state.priorities, (base + (old + j) % c).ravel())
     completed = (old - layout.span + 1 + j) % c
-    keep = jnp.broadcast_to(_valid_start(_steps(storage), layout, completed), (n, length))
+    keep = jnp.broadcast_to(_valid_start(steps_of(storage), layout, completed), (n, length))
     return _priority.fill(priorities, (base + completed).ravel(), layout.alpha, keep.ravel())
 
 
@@ -128,7 +124,7 @@ def _set_priorities(state, indices, priorities, layout: _Layout):
     indices, priorities = _priority.check_update(indices, priorities)
     slots = jnp.clip(indices, 0, layout.num_envs * layout.capacity - 1)
     allowed = (indices == slots) & _valid_start(
-        _steps(state.storage), layout, slots % layout.capacity
+        steps_of(state.storage), layout, slots % layout.capacity
     )
     updated = _priority.update(state.priorities, slots, priorities, allowed, layout.alpha)
     return state.replace(priorities=updated)
