@@ -41,3 +41,24 @@ def np_gae(r, v, nv, term, trunc, gamma, lam):
         following = delta + gamma[t] * lam[t] * (1 - (term[t] | trunc[t])) * following
         advantages[t] = following
     return advantages, advantages + v
+
+
+def rejects_and_keeps_state(wrap, fn, state, *args, error, match):
+    """Calls `fn(state, *args)` eagerly, jitted with the state donated, or under vmap
+    (a batch of one), expecting `error` matching `match`; then checks the state is
+    intact and not deleted."""
+    import re
+
+    import chex
+    import jax
+    import pytest
+
+    before = jax.tree.map(np.asarray, state)
+    with pytest.raises(error, match=re.escape(match)):
+        if wrap == "eager":
+            fn(state, *args)
+        elif wrap == "jit":
+            jax.jit(fn, donate_argnums=0)(state, *args)
+        else:
+            jax.vmap(fn)(*jax.tree.map(lambda x: x[None], (state, *args)))
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, state), before)

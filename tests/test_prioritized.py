@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import rejects_and_keeps_state
 from scipy import stats
 
 import jaxbuf
@@ -248,15 +249,7 @@ def test_configuration_errors(kwargs, error, match):
 def test_set_priorities_errors(wrap, args, error, match):
     buffer = jaxbuf.make_prioritized_replay_buffer(8, 4)
     state = buffer.add(buffer.init(EXAMPLE), items([1, 2]))
-    before = jax.tree.map(np.asarray, state)
-    with pytest.raises(error, match=re.escape(match)):
-        if wrap == "eager":
-            buffer.set_priorities(state, *args)
-        elif wrap == "jit":
-            jax.jit(buffer.set_priorities, donate_argnums=0)(state, *args)
-        else:
-            jax.vmap(buffer.set_priorities)(*jax.tree.map(lambda x: x[None], (state, *args)))
-    chex.assert_trees_all_equal(jax.tree.map(np.asarray, state), before)
+    rejects_and_keeps_state(wrap, buffer.set_priorities, state, *args, error=error, match=match)
 
 
 def test_add_and_sample_errors_are_named():
