@@ -109,6 +109,12 @@ def make_prioritized_replay_buffer(
       0 stops the item from being drawn until it is overwritten. In float32, a draw
       never returns a row of zero priority or a row never written.
 
+      Rows are storage positions, not item identities: if `add` overwrote a row
+      between `sample` and `set_priorities` (more than `capacity - size` new items
+      at the front of the ring), the priority goes to the new item there, as in
+      Dopamine and Flashbax. Keep the adds between a sample and its update below
+      the capacity, as a usual training loop does.
+
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_prioritized_replay_buffer(8, 4, priority_exponent=1.0)

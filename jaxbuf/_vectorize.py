@@ -75,7 +75,10 @@ def vectorize(buffer: _replay.ReplayBuffer, num_buffers: int) -> VectorizedRepla
     """
     if not isinstance(buffer, _replay.ReplayBuffer):
         raise TypeError(
-            f"vectorize takes a buffer made by make_replay_buffer, got {type(buffer).__name__}."
+            f"vectorize takes a buffer made by make_replay_buffer, got {type(buffer).__name__}. "
+            "For prioritized replay over many environments, use "
+            "make_prioritized_trajectory_buffer (one sum tree over every environment), or "
+            "jax.vmap the buffer's functions to keep one tree and one batch per environment."
         )
     config = buffer.config
     num_buffers = _validation.check_int(
