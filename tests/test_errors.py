@@ -194,7 +194,9 @@ def test_vectorized_add_checks_the_buffer_axis(items, message, variant):
 def test_vectorize_validates_its_arguments():
     with pytest.raises(TypeError, match="vectorize takes a buffer made by make_replay_buffer"):
         jaxbuf.vectorize((lambda: None, lambda: None), 2)
-    with pytest.raises(TypeError, match=re.escape("got PrioritizedReplayBuffer. For prioritized replay")):
+    with pytest.raises(
+        TypeError, match=re.escape("got PrioritizedReplayBuffer. For prioritized replay")
+    ):
         jaxbuf.vectorize(jaxbuf.make_prioritized_replay_buffer(8, 2), 2)
     buffer = jaxbuf.make_replay_buffer(2**20, 2)
     with pytest.raises(ValueError, match=re.escape("num_buffers must be in [1, 2047], got 4096")):
