@@ -55,6 +55,7 @@ from jaxbuf._rollout import (
     RolloutBufferState,
     make_rollout_buffer,
 )
+from jaxbuf._sharding import per_shard, shard
 from jaxbuf._spaces import example_from_space
 from jaxbuf._trajectory import (
     SequenceSample,
@@ -140,9 +141,11 @@ __all__ = [
     "make_transition_buffer",
     "mix",
     "n_step_returns",
+    "per_shard",
     "read_dataset",
     "restore",
     "save",
+    "shard",
     "stored_items",
     "take",
     "take_all",

@@ -1,0 +1,343 @@
+"""Buffers sharded over a mesh axis: one independent buffer per shard, no traffic.
+
+`shard(buffer, mesh, axis_name)` turns a buffer made by any jaxbuf factory into
+one whose state has a leading shard axis split over the mesh axis: shard `d`
+holds the state of the buffer it was made from, for its own environments or
+items. `add` gives each shard its block of the inputs, `sample` draws each
+shard's batch from its own data with its own key (`fold_in(key, d)`), and the
+batch is a global `jax.Array` split over the same axis. Every function is a
+`jax.shard_map` of the single buffer's function, so the compiled `add` and
+`sample` contain no collective; `can_sample` (true when every shard can) is the
+one that reduces over shards.
+
+`per_shard(buffer, axis_name)` gives the same functions for code that already
+runs inside a `shard_map` over that axis, where each shard sees its block of the
+state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxbuf import (
+    _episode,
+    _prioritized,
+    _prioritized_steps,
+    _queue,
+    _replay,
+    _rollout,
+    _trajectory,
+    _transition,
+    _vectorize,
+)
+
+
+class _Role(NamedTuple):
+    """How a buffer function's positional arguments and result map onto shards.
+
+    `args` names each positional argument: `state` (the shard's block of the
+    state), `data` (split over shards along its leading axis) or `key` (the same
+    key everywhere, folded with the shard index). `result` is `state`, `batch`
+    (split along the leading axis), `minibatches` (split along the second), `all`
+    (a bool that holds when it holds on every shard) or a tuple of these.
+    """
+
+    args: tuple[str, ...]
+    result: Any
+
+
+ROLES = {
+    "add": _Role(("state", "data"), "state"),
+    "add_step": _Role(("state", "data"), "state"),
+    "set_priorities": _Role(("state", "data", "data"), "state"),
+    "finish": _Role(("state", "data"), "state"),
+    "clear": _Role(("state",), "state"),
+    "sample": _Role(("state", "key"), "batch"),
+    "minibatches": _Role(("state", "key"), "minibatches"),
+    "pop": _Role(("state",), ("state", "batch")),
+    "can_sample": _Role(("state",), "all"),
+    "can_add": _Role(("state",), "all"),
+}
+BUFFERS = (
+    _replay.ReplayBuffer,
+    _vectorize.VectorizedReplayBuffer,
+    _prioritized.PrioritizedReplayBuffer,
+    _trajectory.TrajectoryBuffer,
+    _transition.TransitionBuffer,
+    _episode.EpisodeBuffer,
+    _prioritized_steps.PrioritizedTrajectoryBuffer,
+    _queue.Queue,
+    _rollout.RolloutBuffer,
+)
+_SPECS = {"state": P("{axis}"), "batch": P("{axis}"), "minibatches": P(None, "{axis}")}
+
+
+def _check_buffer(buffer: Any) -> None:
+    if not isinstance(buffer, BUFFERS):
+        raise TypeError(
+            "shard and per_shard take a buffer made by a jaxbuf factory (make_replay_buffer, "
+            f"make_trajectory_buffer, ...), got {type(buffer).__name__}."
+        )
+
+
+def _functions(buffer: Any) -> dict[str, Any]:
+    return {name: getattr(buffer, name) for name in ROLES if hasattr(buffer, name)}
+
+
+def _unstack(state: Any) -> Any:
+    return jax.tree.map(lambda x: x[0], state)
+
+
+def _stack(state: Any) -> Any:
+    return jax.tree.map(lambda x: x[None], state)
+
+
+def per_shard(buffer: Any, axis_name: str = "data") -> Any:
+    """The buffer's functions for use inside a `shard_map` over `axis_name`.
+
+    Inside the `shard_map`, a state made by `shard(buffer, mesh, axis_name).init`
+    appears as its block: every leaf with a leading axis of 1. The functions
+    returned take and return such blocks; `sample` and `minibatches` fold the
+    shard index into the key, so shards draw independently from one key; and
+    `can_sample` (`can_add`) answers for the shard alone (reduce it with
+    `jax.lax.pmin` if every shard must agree). Nothing here communicates.
+
+    Args:
+      buffer: a buffer made by a jaxbuf factory, sized for ONE shard (its
+        `num_envs`, `capacity` and `sample_batch_size` are per shard).
+      axis_name: the mesh axis the state is split over.
+
+    Returns:
+      A buffer of the same type, with the same `config`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> from jax.sharding import PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("data",))
+      >>> buffer = jaxbuf.make_replay_buffer(capacity=100, sample_batch_size=4)
+      >>> sharded, inner = jaxbuf.shard(buffer, mesh), jaxbuf.per_shard(buffer)
+      >>> state = sharded.init({"obs": jnp.zeros(3)})
+      >>> @jax.jit
+      ... @jax.shard_map(mesh=mesh, in_specs=(P("data"), P("data"), P()),
+      ...                out_specs=(P("data"), P("data")))
+      ... def step(state, obs, key):  # runs once per shard, on its block
+      ...     state = inner.add(state, {"obs": obs})
+      ...     return state, inner.sample(state, key).experience["obs"]
+      >>> obs = jax.device_put(jnp.ones((8, 3)), jax.NamedSharding(mesh, P("data")))
+      >>> state, obs = step(state, obs, jax.random.key(0))
+      >>> obs.shape
+      (4, 3)
+    """
+    _check_buffer(buffer)
+
+    def wrap(name: str, fn: Any) -> Any:
+        role = ROLES[name]
+
+        def local(*args, **kwargs):
+            args = list(args)
+            for i, kind in enumerate(role.args[: len(args)]):
+                if kind == "state":
+                    args[i] = _unstack(args[i])
+                elif kind == "key":
+                    args[i] = jax.random.fold_in(args[i], jax.lax.axis_index(axis_name))
+            result = fn(*args, **kwargs)
+            return _restack(role.result, result)
+
+        local.__name__ = local.__qualname__ = name
+        local.__doc__ = fn.__doc__
+        return local
+
+    return buffer._replace(
+        **{n: wrap(n, f) for n, f in _functions(buffer).items()}, init=_local_init(buffer)
+    )
+
+
+def _local_init(buffer: Any) -> Any:
+    def init(*args, **kwargs):
+        return _stack(buffer.init(*args, **kwargs))
+
+    init.__doc__ = buffer.init.__doc__
+    return init
+
+
+def _restack(kind: Any, result: Any) -> Any:
+    if isinstance(kind, tuple):
+        return tuple(_restack(k, r) for k, r in zip(kind, result, strict=True))
+    if kind == "state":
+        return _stack(result)
+    if kind == "all":
+        return jnp.asarray(result)[None]
+    return result
+
+
+def _spec(kind: Any, axis: str) -> Any:
+    if isinstance(kind, tuple):
+        return tuple(_spec(k, axis) for k in kind)
+    if kind == "all":
+        return P(axis)
+    return P(*[None if part is None else axis for part in _SPECS[kind]])
+
+
+def _check_mesh(mesh: Any, axis_name: str) -> int:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"axis_name {axis_name!r} is not an axis of the mesh, whose axes are "
+            f"{tuple(mesh.axis_names)}."
+        )
+    return int(mesh.shape[axis_name])
+
+
+def _placer(mesh: Mesh, axis_name: str):
+    """Lays an array out over the mesh with a spec, by the mesh's own rules."""
+    kind = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))[axis_name]
+    explicit = kind == jax.sharding.AxisType.Explicit
+
+    def place(x: jax.Array, spec: P) -> jax.Array:
+        sharding = NamedSharding(mesh, spec)
+        if explicit:
+            return jax.sharding.reshard(x, sharding)
+        return jax.lax.with_sharding_constraint(x, sharding)
+
+    return place
+
+
+def _check_split(tree: Any, count: int, what: str, axis_name: str, axis: int = 0) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = jnp.shape(leaf)
+        if len(shape) <= axis or shape[axis] % count:
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)}: axis {axis} of shape {tuple(shape)} must "
+                f"split evenly over the {count} shards of mesh axis {axis_name!r} (the "
+                f"buffer is sized for one shard)."
+            )
+
+
+def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
+    """One independent copy of `buffer` per shard of a mesh axis, as one buffer.
+
+    The state is the buffer's state with a leading axis of `S` (the size of the
+    mesh axis) on every leaf, split over `axis_name` (and replicated over any
+    other mesh axis): shard `d` stores only its own data. Inputs are split the
+    same way along their leading axis: `add` of a trajectory buffer made with
+    `num_envs=E` takes `[S * E, T, ...]` steps, environments `[d E, (d + 1) E)`
+    going to shard `d`; `set_priorities` takes the indices of a sample as they
+    came. `sample` returns `S * sample_batch_size` items, shard `d`'s
+    `sample_batch_size` drawn from its own data with `fold_in(key, d)` and placed
+    at rows `[d B, (d + 1) B)` of a batch split over `axis_name`; sample indices
+    are rows of the shard's own storage. `minibatches` of a rollout buffer are
+    split along their second axis (each global minibatch takes a block from every
+    shard), and advantage normalization uses each shard's own statistics.
+
+    Inside `add` and `sample` there is no cross-device communication; inputs laid
+    out differently are first moved to that layout. Every function works under
+    `jax.jit` (donate the state) and across processes under `jax.distributed`,
+    where each process holds the shards of its devices (build process-local
+    inputs with `jax.make_array_from_process_local_data`). Save and restore
+    sharded states with Orbax (see the README).
+
+    Args:
+      buffer: a buffer made by a jaxbuf factory, sized for ONE shard.
+      mesh: the device mesh.
+      axis_name: the mesh axis to split the buffer over.
+
+    Returns:
+      A buffer of the same type with the same `config` (per shard), whose
+      functions take and return sharded states.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> mesh = jax.make_mesh((1,), ("data",))
+      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=16,
+      ...                                        sample_batch_size=4, sequence_length=3)
+      >>> sharded = jaxbuf.shard(buffer, mesh, "data")
+      >>> state = sharded.init({"obs": jnp.zeros(5)})
+      >>> state = jax.jit(sharded.add, donate_argnums=0)(state, {"obs": jnp.ones((2, 8, 5))})
+      >>> batch = jax.jit(sharded.sample)(state, jax.random.key(0))
+      >>> batch.experience["obs"].shape, batch.experience["obs"].sharding.spec
+      ((4, 3, 5), P('data', None, None))
+    """
+    _check_buffer(buffer)
+    count = _check_mesh(mesh, axis_name)
+    local = per_shard(buffer, axis_name)
+    place = _placer(mesh, axis_name)
+
+    def init(example: Any) -> Any:
+        sharding = NamedSharding(mesh, P(axis_name))
+        make = jax.jit(
+            lambda: jax.tree.map(
+                lambda x: jnp.broadcast_to(x, (count, *x.shape)), buffer.init(example)
+            ),
+            out_shardings=sharding,
+        )
+        return make()
+
+    def wrap(name: str, fn: Any) -> Any:
+        role = ROLES[name]
+
+        def sharded(*args, **kwargs):
+            if len(args) < len(role.args):
+                raise TypeError(f"{name} takes ({', '.join(role.args)}, ...), got {len(args)} "
+                                "positional arguments.")  # fmt: skip
+            moved, specs = [], []
+            for kind, value in zip(role.args, args, strict=False):
+                if kind == "state":
+                    _check_state(value, count, axis_name)
+                elif kind == "data":
+                    _check_split(value, count, _ARGUMENT_NAMES.get(name, "data"), axis_name)
+                spec = P() if kind == "key" else P(axis_name)
+                moved.append(jax.tree.map(lambda x, s=spec: place(jnp.asarray(x), s), value))
+                specs.append(spec)
+            # Further arguments: arrays (a traced beta) go to every shard whole;
+            # anything else (num_minibatches) stays a Python value.
+            rest, tree = jax.tree.flatten((args[len(role.args) :], kwargs))
+            arrays = [isinstance(x, jax.Array) for x in rest]
+
+            def body(moved, dynamic):
+                dynamic = iter(dynamic)
+                values = [next(dynamic) if a else x for x, a in zip(rest, arrays, strict=True)]
+                extra, named = jax.tree.unflatten(tree, values)
+                try:
+                    return fn(*moved, *extra, **named)
+                except (ValueError, TypeError) as error:  # shapes there are per shard
+                    raise type(error)(
+                        f"{error} (In a buffer sharded over the {count} shards of mesh axis "
+                        f"{axis_name!r}: shapes above are one shard's block, 1/{count} of "
+                        "the leading axis of each input.)"
+                    ) from error
+
+            dynamic = [x for x, a in zip(rest, arrays, strict=True) if a]
+            result = jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=(tuple(specs), P()),
+                out_specs=_spec(role.result, axis_name),
+            )(tuple(moved), dynamic)
+            return jnp.all(result) if role.result == "all" else result
+
+        sharded.__name__ = sharded.__qualname__ = name
+        sharded.__doc__ = fn.__doc__
+        return sharded
+
+    functions = {n: wrap(n, f) for n, f in _functions(local).items()}
+    return buffer._replace(**functions, init=init)
+
+
+_ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value"}
+
+
+def _check_state(state: Any, count: int, axis_name: str) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        shape = jnp.shape(leaf)
+        if not shape or shape[0] != count:
+            raise ValueError(
+                f"state{jax.tree_util.keystr(path)}: expected a leading shard axis of {count} "
+                f"(the size of mesh axis {axis_name!r}), got shape {tuple(shape)}. Make the "
+                "state with the sharded buffer's init."
+            )
