@@ -89,14 +89,6 @@ def _functions(buffer: Any) -> dict[str, Any]:
     return {name: getattr(buffer, name) for name in ROLES if hasattr(buffer, name)}
 
 
-def _unstack(state: Any) -> Any:
-    return jax.tree.map(lambda x: x[0], state)
-
-
-def _stack(state: Any) -> Any:
-    return jax.tree.map(lambda x: x[None], state)
-
-
 def per_shard(buffer: Any, axis_name: str = "data") -> Any:
     """The buffer's functions for use inside a `shard_map` over `axis_name`.
 
@@ -141,12 +133,14 @@ def per_shard(buffer: Any, axis_name: str = "data") -> Any:
         def local(*args, **kwargs):
             args = list(args)
             for i, kind in enumerate(role.args[: len(args)]):
-                if kind == "state":
-                    args[i] = _unstack(args[i])
-                elif kind == "key":
+                if kind == "key":
                     args[i] = jax.random.fold_in(args[i], jax.lax.axis_index(axis_name))
-            result = fn(*args, **kwargs)
-            return _restack(role.result, result)
+            # A vmap over the block's axis of 1, not a squeeze: with the state
+            # reshaped between an `add` and a `sample`, XLA copied the storage.
+            mapped = [0 if kind == "state" else None for kind in role.args[: len(args)]]
+            mapped += [None] * (len(args) - len(mapped))
+            result = jax.vmap(lambda *a: fn(*a, **kwargs), in_axes=mapped)(*args)
+            return _unblock(role.result, result)
 
         local.__name__ = local.__qualname__ = name
         local.__doc__ = fn.__doc__
@@ -159,20 +153,19 @@ def per_shard(buffer: Any, axis_name: str = "data") -> Any:
 
 def _local_init(buffer: Any) -> Any:
     def init(*args, **kwargs):
-        return _stack(buffer.init(*args, **kwargs))
+        return jax.tree.map(lambda x: x[None], buffer.init(*args, **kwargs))
 
     init.__doc__ = buffer.init.__doc__
     return init
 
 
-def _restack(kind: Any, result: Any) -> Any:
+def _unblock(kind: Any, result: Any) -> Any:
+    """A result mapped over the block axis, as the role says it leaves the shard."""
     if isinstance(kind, tuple):
-        return tuple(_restack(k, r) for k, r in zip(kind, result, strict=True))
-    if kind == "state":
-        return _stack(result)
-    if kind == "all":
-        return jnp.asarray(result)[None]
-    return result
+        return tuple(_unblock(k, r) for k, r in zip(kind, result, strict=True))
+    if kind in ("state", "all"):
+        return result
+    return jax.tree.map(lambda x: x[0], result)
 
 
 def _spec(kind: Any, axis: str) -> Any:
@@ -292,7 +285,10 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
                 elif kind == "data":
                     _check_split(value, count, _ARGUMENT_NAMES.get(name, "data"), axis_name)
                 spec = P() if kind == "key" else P(axis_name)
-                moved.append(jax.tree.map(lambda x, s=spec: place(jnp.asarray(x), s), value))
+                if kind != "state":  # a state from `init` is laid out already; moving
+                    # it again would make XLA copy it beside the original
+                    value = jax.tree.map(lambda x, s=spec: place(jnp.asarray(x), s), value)
+                moved.append(value)
                 specs.append(spec)
             # Further arguments: arrays (a traced beta) go to every shard whole;
             # anything else (num_minibatches) stays a Python value.

@@ -251,6 +251,59 @@ def contents() -> None:
     print("ok contents")
 
 
+def inside() -> None:
+    """per_shard inside a user's shard_map equals shard; a 2-D mesh replicates the rest."""
+    jax = _jax()
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxbuf
+
+    rng = np.random.default_rng(3)
+    _, buffer, example, make = buffers()[3]  # trajectory
+    mesh = jax.make_mesh((4,), ("data",))
+    sharded, inner = jaxbuf.shard(buffer, mesh), jaxbuf.per_shard(buffer)
+
+    @jax.jit
+    @jax.shard_map(
+        mesh=mesh, in_specs=(P("data"), P("data"), P()), out_specs=(P("data"), P("data"), P("data"))
+    )
+    def step(state, data, key):  # a whole training step per shard
+        state = inner.add(state, data)
+        return state, inner.sample(state, key), inner.can_sample(state)
+
+    ours, theirs = sharded.init(example), sharded.init(example)
+    for i in range(5):
+        data = make(rng, 4)
+        key = jax.random.key(i)
+        ours, batch, ready = step(ours, jax.device_put(data, NamedSharding(mesh, P("data"))), key)
+        theirs = sharded.add(theirs, data)
+        _equal(ours, theirs, "per_shard state")
+        _equal(batch, sharded.sample(theirs, key), "per_shard sample")
+        assert ready.shape == (4,) and bool(ready.all()) == bool(sharded.can_sample(theirs))
+
+    grid = jax.make_mesh((2, 2), ("data", "model"))
+    two = jaxbuf.shard(buffer, grid, "data")
+    state = two.init(example)
+    singles = [buffer.init(example) for _ in range(2)]
+    for i in range(5):
+        data = make(rng, 2)
+        state = jax.jit(two.add, donate_argnums=0)(state, data)
+        singles = [buffer.add(x, _block(data, d, 2)) for d, x in enumerate(singles)]
+        key = jax.random.key(i)
+        batch = jax.jit(two.sample)(state, key)
+        for d in range(2):
+            _equal(
+                _block(batch, d, 2),
+                buffer.sample(singles[d], jax.random.fold_in(key, d)),
+                f"2-D mesh sample {d}",
+            )
+    leaf = jax.tree.leaves(state)[0]
+    assert leaf.sharding.spec[0] == "data" and len(leaf.sharding.device_set) == 4, leaf.sharding
+    print("ok inside")
+
+
 def hlo() -> None:
     """Compiled add and sample hold no collective; can_sample (the control) does."""
     jax = _jax()
@@ -453,4 +506,4 @@ if __name__ == "__main__":
     elif case == "checkpoint":
         checkpoint(sys.argv[2])
     else:
-        {"contents": contents, "hlo": hlo, "errors": errors}[case]()
+        {"contents": contents, "inside": inside, "hlo": hlo, "errors": errors}[case]()
