@@ -106,6 +106,13 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
       >>> restored.experience["x"].tolist(), int(restored.size)
       ([0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0], 3)
     """
+    for key, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            raise ValueError(
+                f"state{jax.tree_util.keystr(key)} is spread over several processes; "
+                "jaxbuf.save writes one host's copy. Save sharded states with Orbax "
+                "(each process writes its shards; see the README)."
+            )
     folder = pathlib.Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     host = jax.device_get(state)

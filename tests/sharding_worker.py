@@ -483,6 +483,12 @@ def process(process_id: int, port: int, folder: str) -> None:
             expected = buffer.sample(singles[d], jax.random.fold_in(key, d))
             np.testing.assert_array_equal(np.asarray(block.data), expected.experience["obs"])
     assert bool(jax.jit(sharded.can_sample)(state))
+    try:
+        jaxbuf.save(f"{folder}/refused{process_id}", state)
+    except ValueError as error:
+        assert "is spread over several processes" in str(error), error
+    else:
+        raise AssertionError("jaxbuf.save took a state spread over processes")
     path = ocp.test_utils.erase_and_create_empty(f"{folder}/multihost") if process_id == 0 else None
     ocp.multihost.sync_global_processes("folder made")
     path = path or ocp.test_utils.epath.Path(f"{folder}/multihost")
