@@ -15,6 +15,16 @@ PyTree = Any
 
 
 class InitFn(Protocol):
+    """`init(example) -> state`: every buffer's `init`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> init: jaxbuf.InitFn = buffer.init
+      >>> init({"obs": jnp.zeros(3)}).experience["obs"].shape
+      (8, 3)
+    """
+
     def __call__(self, example: PyTree) -> Any:
         """Creates an empty buffer state.
 
@@ -29,6 +39,16 @@ class InitFn(Protocol):
 
 
 class AddFn(Protocol):
+    """`add(state, items) -> state`: every buffer's `add`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> add: jaxbuf.AddFn = buffer.add
+      >>> int(add(buffer.init(jnp.float32(0)), jnp.ones(3)).size)
+      3
+    """
+
     def __call__(self, state: Any, items: PyTree) -> Any:
         """Adds a batch of items and returns the new state.
 
@@ -44,6 +64,17 @@ class AddFn(Protocol):
 
 
 class SampleFn(Protocol):
+    """`sample(state, key) -> sample`: every buffer's `sample`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> sample: jaxbuf.SampleFn = buffer.sample
+      >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(3))
+      >>> sample(state, jax.random.key(0)).experience.shape
+      (2,)
+    """
+
     def __call__(self, state: Any, key: jax.Array) -> Any:
         """Draws a batch of stored items.
 
@@ -58,5 +89,15 @@ class SampleFn(Protocol):
 
 
 class CanSampleFn(Protocol):
+    """`can_sample(state) -> bool array`: every buffer's `can_sample`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2, min_size=4)
+      >>> can_sample: jaxbuf.CanSampleFn = buffer.can_sample
+      >>> bool(can_sample(buffer.add(buffer.init(jnp.float32(0)), jnp.ones(3))))
+      False
+    """
+
     def __call__(self, state: Any) -> jax.Array:
         """Returns a boolean scalar array: whether the buffer holds `min_size` items."""

@@ -160,7 +160,18 @@ def _read_metadata(folder: pathlib.Path) -> dict:
 
 
 def load_metadata(path: str | os.PathLike) -> dict:
-    """The metadata of the checkpoint in the folder `path` (see `save`)."""
+    """The metadata of the checkpoint in the folder `path` (see `save`).
+
+    Example:
+      >>> import tempfile, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
+      >>> metadata = jaxbuf.load_metadata(jaxbuf.save(tempfile.mkdtemp() + "/c", state, buffer))
+      >>> metadata["kind"], metadata["config"]["capacity"], metadata["size"]
+      ('ReplayBuffer', 8, 3)
+      >>> metadata["leaves"][".experience['x']"]
+      {'shape': [8], 'dtype': 'float32'}
+    """
     return _read_metadata(pathlib.Path(path))
 
 
@@ -201,6 +212,16 @@ def restore(path: str | os.PathLike, template: Any) -> Any:
     Raises:
       ValueError: the checkpoint does not match the template (the message names the
         leaf), or its files are truncated or corrupted.
+
+    Example:
+      >>> import tempfile, jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> example = {"x": jnp.float32(0)}
+      >>> state = buffer.add(buffer.init(example), {"x": jnp.arange(3.0)})
+      >>> folder = jaxbuf.save(tempfile.mkdtemp() + "/ckpt", state)
+      >>> restored = jaxbuf.restore(folder, jax.eval_shape(buffer.init, example))
+      >>> restored.experience["x"][:4].tolist(), int(restored.size)
+      ([0.0, 1.0, 2.0, 0.0], 3)
     """
     folder = pathlib.Path(path)
     metadata = _read_metadata(folder)

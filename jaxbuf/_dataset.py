@@ -209,6 +209,16 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
 
     Returns:
       The items, a (nested) dict of arrays with leading axis `stop - start`.
+
+    Example:
+      >>> import tempfile, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})
+      >>> writer = jaxbuf.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
+      >>> _ = writer.append(state)
+      >>> writer.flush()
+      >>> jaxbuf.read_dataset(writer.path, 1, 4)["x"].tolist()
+      [1.0, 2.0, 3.0]
     """
     folder = pathlib.Path(path)
     index = _read_index(folder)
@@ -241,6 +251,17 @@ def dataset_to_state(
 
     Returns:
       A state holding the items, as if they had been added one by one.
+
+    Example:
+      >>> import tempfile, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})
+      >>> writer = jaxbuf.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
+      >>> _ = writer.append(state)
+      >>> writer.flush()
+      >>> offline = jaxbuf.dataset_to_state(writer.path, jaxbuf.make_replay_buffer(4, 2), 2)
+      >>> offline.experience["x"].tolist(), int(offline.size)
+      ([2.0, 3.0, 4.0, 0.0], 3)
     """
     data = jax.tree.map(jnp.asarray, read_dataset(path, start, stop))
     spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)

@@ -36,6 +36,14 @@ class EpisodeBufferState:
         newest `filled` records.
       open_start: uint32 `[num_envs]`, the step number where the unfinished episode
         began.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
+      ...     done_fn=lambda step: step["done"])
+      >>> state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
+      >>> state.storage.experience["t"].shape
+      (1, 16)
     """
 
     storage: _trajectory.TrajectoryBufferState
@@ -59,6 +67,17 @@ class EpisodeSample:
       env_indices: int32 `[sample_batch_size]`, the environment of each episode.
       time_indices: int32 `[sample_batch_size]`, the storage time index of its first step.
       valid: bool `[sample_batch_size]`, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
+      ...     done_fn=lambda step: step["done"])
+      >>> state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
+      >>> steps = {"t": jnp.arange(3, dtype=jnp.int32)[None], "done": jnp.array([[False, False,
+      ...     True]])}
+      >>> batch = buffer.sample(buffer.add(state, steps), jax.random.key(0))
+      >>> batch.experience["t"].shape, batch.mask.tolist(), batch.length.tolist()
+      ((2, 4), [[True, True, True, False], [True, True, True, False]], [3, 3])
     """
 
     experience: PyTree
@@ -70,7 +89,15 @@ class EpisodeSample:
 
 
 class EpisodeBufferConfig(NamedTuple):
-    """The validated configuration of an episode buffer."""
+    """The validated configuration of an episode buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
+      ...     done_fn=lambda step: step["done"]).config
+      EpisodeBufferConfig(num_envs=1, capacity=16, sample_batch_size=2, max_length=4,
+      min_episodes=1, min_episode_length=1, max_records=16)
+    """
 
     num_envs: int
     capacity: int
@@ -82,7 +109,15 @@ class EpisodeBufferConfig(NamedTuple):
 
 
 class EpisodeBuffer(NamedTuple):
-    """The pure functions of an episode buffer, and its configuration."""
+    """The pure functions of an episode buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
+      ...     done_fn=lambda step: step["done"])
+      >>> buffer._fields
+      ('init', 'add', 'add_step', 'sample', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any

@@ -120,6 +120,14 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
 
     Returns:
       The path written.
+
+    Example:
+      >>> import tempfile, numpy as np, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
+      >>> path = jaxbuf.export(tempfile.mkdtemp() + "/items.npz", state)
+      >>> np.load(path)["x"].tolist()
+      [0.0, 1.0, 2.0]
     """
     path = pathlib.Path(path)
     columns = stored_items(state)
@@ -160,6 +168,14 @@ def to_torch(tree: PyTree) -> PyTree:
 
     Returns:
       The same pytree with `torch.Tensor` leaves.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.zeros(3)}), {"x": jnp.ones((4, 3))})
+      >>> tensors = jaxbuf.to_torch(buffer.sample(state, jax.random.key(0)).experience)
+      >>> type(tensors["x"]).__name__, tuple(tensors["x"].shape), str(tensors["x"].dtype)
+      ('Tensor', (2, 3), 'torch.float32')
     """
     torch = _import_torch()
     return jax.tree.map(torch.from_dlpack, tree)

@@ -24,6 +24,16 @@ class MixedSample:
         first, then buffer 1, and so on.
       sources: int32 `[sample_batch_size]`, the buffer each item came from.
       valid: bool `[sample_batch_size]`, each item's `valid` flag from its buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> offline, online = jaxbuf.make_replay_buffer(10, 2), jaxbuf.make_replay_buffer(10, 2)
+      >>> sample = jaxbuf.mix([offline, online], [0.5, 0.5], sample_batch_size=2)
+      >>> states = [b.add(b.init(jnp.float32(0)), jnp.full(3, v)) for b, v in [(offline, 1.0),
+      ...     (online, 2.0)]]
+      >>> batch = sample(states, jax.random.key(0))
+      >>> batch.experience.tolist(), batch.sources.tolist(), batch.valid.tolist()
+      ([1.0, 2.0], [0, 1], [True, True])
     """
 
     experience: PyTree

@@ -21,6 +21,13 @@ class PrioritizedReplayBufferState:
       storage: the item storage, as in a uniform replay buffer.
       priorities: the slots' priorities (`priority ** priority_exponent` in a sum
         tree), the largest priority so far, and the count of rejected updates.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_replay_buffer(100, 8)
+      >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(5))
+      >>> int(state.storage.size), float(state.priorities.max_priority)
+      (5, 1.0)
     """
 
     storage: _replay.ReplayBufferState
@@ -40,6 +47,16 @@ class PrioritizedSample:
         the maximum over every stored item with a positive priority (so at most 1);
         0 where `valid` is false.
       valid: bool, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_replay_buffer(100, 4, priority_exponent=1.0)
+      >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.arange(2.0))
+      >>> state = buffer.set_priorities(state, jnp.arange(2), jnp.array([1.0, 3.0]))
+      >>> batch = buffer.sample(state, jax.random.key(0), importance_exponent=1.0)
+      >>> batch.experience.tolist(), batch.probabilities.tolist(), batch.weights.tolist()
+      ([0.0, 1.0, 1.0, 1.0], [0.25, 0.75, 0.75, 0.75], [1.0, 0.3333333432674408, 0.3333333432674408,
+      0.3333333432674408])
     """
 
     experience: PyTree
@@ -50,7 +67,14 @@ class PrioritizedSample:
 
 
 class PrioritizedReplayBufferConfig(NamedTuple):
-    """The validated configuration of a prioritized replay buffer."""
+    """The validated configuration of a prioritized replay buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_prioritized_replay_buffer(100, 8).config
+      PrioritizedReplayBufferConfig(capacity=100, sample_batch_size=8, min_size=1,
+      priority_exponent=0.6, stratified=True, truncate_ok=False)
+    """
 
     capacity: int
     sample_batch_size: int
@@ -61,7 +85,14 @@ class PrioritizedReplayBufferConfig(NamedTuple):
 
 
 class PrioritizedReplayBuffer(NamedTuple):
-    """The pure functions of a prioritized replay buffer, and its configuration."""
+    """The pure functions of a prioritized replay buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_replay_buffer(capacity=100, sample_batch_size=8)
+      >>> buffer._fields
+      ('init', 'add', 'sample', 'set_priorities', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any

@@ -32,6 +32,13 @@ class PrioritizedTrajectoryBufferState:
     Attributes:
       storage: a `TrajectoryBufferState` (or a `TransitionBufferState`).
       priorities: priorities of the `num_envs * capacity` starts.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_trajectory_buffer(2, 50, 4, 3)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
+      >>> state.storage.experience["obs"].shape, float(state.priorities.tree.total)
+      ((2, 50, 3), 10.0)
     """
 
     storage: Any
@@ -52,6 +59,14 @@ class PrioritizedSequenceSample:
       probabilities, weights: float32, `P(i)` and the importance weights (see
         `make_prioritized_replay_buffer`).
       valid: bool, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_trajectory_buffer(2, 50, 4, 3)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
+      >>> batch = buffer.sample(state, jax.random.key(0))
+      >>> batch.experience["obs"].shape, batch.indices.shape, batch.weights.tolist()
+      ((4, 3, 3), (4,), [1.0, 1.0, 1.0, 1.0])
     """
 
     experience: PyTree
@@ -73,6 +88,17 @@ class PrioritizedNStepSample:
       indices: int32, each start's slot `env * capacity + time`, for `set_priorities`.
       probabilities, weights: float32, `P(i)` and the importance weights.
       valid: bool, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_transition_buffer(1, 20, 2, n_step=2, discount=0.5)
+      >>> steps = jaxbuf.Transition(obs=jnp.arange(4.0)[None, :, None], action=jnp.zeros((1, 4),
+      ...     jnp.int32), reward=jnp.ones((1, 4)), terminated=jnp.zeros((1, 4), bool),
+      ...     truncated=jnp.zeros((1, 4), bool), next_obs=jnp.arange(1.0, 5.0)[None, :, None])
+      >>> state = buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], steps)), steps)
+      >>> batch = buffer.sample(state, jax.random.key(0))
+      >>> batch.transitions.reward.tolist(), batch.indices.tolist(), batch.weights.tolist()
+      ([1.5, 1.5], [0, 1], [1.0, 1.0])
     """
 
     transitions: _transition.NStepSample
@@ -83,7 +109,15 @@ class PrioritizedNStepSample:
 
 
 class PrioritizedTrajectoryBuffer(NamedTuple):
-    """The pure functions of a prioritized trajectory or transition buffer."""
+    """The pure functions of a prioritized trajectory or transition buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_trajectory_buffer(num_envs=2, capacity=50,
+      ...     sample_batch_size=4, sequence_length=3)
+      >>> buffer._fields
+      ('init', 'add', 'add_step', 'sample', 'set_priorities', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any
@@ -163,7 +197,15 @@ def _wrap(base, layout: _Layout, config, sample_fn, can_sample):
 
 
 class PrioritizedTrajectoryBufferConfig(NamedTuple):
-    """The validated configuration of a prioritized trajectory buffer."""
+    """The validated configuration of a prioritized trajectory buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_prioritized_trajectory_buffer(2, 50, 4, 3).config
+      PrioritizedTrajectoryBufferConfig(trajectory=TrajectoryBufferConfig(num_envs=2, capacity=50,
+      sample_batch_size=4, sequence_length=3, period=1, min_size=3), priority_exponent=0.6,
+      stratified=True)
+    """
 
     trajectory: _trajectory.TrajectoryBufferConfig
     priority_exponent: float
@@ -171,7 +213,15 @@ class PrioritizedTrajectoryBufferConfig(NamedTuple):
 
 
 class PrioritizedTransitionBufferConfig(NamedTuple):
-    """The validated configuration of a prioritized transition buffer."""
+    """The validated configuration of a prioritized transition buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_prioritized_transition_buffer(2, 50, 4, n_step=3).config
+      PrioritizedTransitionBufferConfig(transition=TransitionBufferConfig(num_envs=2, capacity=50,
+      sample_batch_size=4, n_step=3, discount=0.99, min_episode_length=1, final_capacity=50,
+      min_size=4), priority_exponent=0.6, stratified=True)
+    """
 
     transition: _transition.TransitionBufferConfig
     priority_exponent: float

@@ -27,6 +27,14 @@ class PriorityState:
       rejected: int32 scalar, how many `set_priorities` entries were ignored
         (negative or non-finite priorities, out-of-range indices, or slots that
         may not be sampled now).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_prioritized_replay_buffer(100, 8)
+      >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(5))
+      >>> state = buffer.set_priorities(state, jnp.array([0, 1]), jnp.array([2.0, -1.0]))
+      >>> float(state.priorities.max_priority), int(state.priorities.rejected)
+      (2.0, 1)
     """
 
     tree: _sumtree.SumTreeState

@@ -22,6 +22,13 @@ class QueueState:
       head: int32 scalar, the row of the oldest item.
       size: int32 scalar, the number of items queued.
       dropped: int32 scalar, items offered to `add` while there was no room.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> queue = jaxbuf.make_queue(8, 2, 4)
+      >>> state = queue.add(queue.init(jnp.int32(0)), jnp.array([1, 2], jnp.int32))
+      >>> state.items.shape, int(state.size), int(state.dropped)
+      ((8,), 2, 0)
     """
 
     items: PyTree
@@ -38,6 +45,16 @@ class QueueSample:
       experience: leaves `[sample_batch_size, *item_shape]`.
       valid: bool `[sample_batch_size]`, false when the queue held fewer than
         `sample_batch_size` items (then nothing was taken).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> queue = jaxbuf.make_queue(8, 2, 4)
+      >>> state = queue.init(jnp.int32(0))
+      >>> state = queue.add(queue.add(state, jnp.array([1, 2], jnp.int32)), jnp.array([3, 4],
+      ...     jnp.int32))
+      >>> state, batch = queue.pop(state)
+      >>> batch.experience.tolist(), batch.valid.tolist(), int(state.size)
+      ([1, 2, 3, 4], [True, True, True, True], 0)
     """
 
     experience: PyTree
@@ -45,7 +62,13 @@ class QueueSample:
 
 
 class QueueConfig(NamedTuple):
-    """The validated configuration of a queue."""
+    """The validated configuration of a queue.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_queue(8, 2, 4).config
+      QueueConfig(capacity=8, add_batch_size=2, sample_batch_size=4)
+    """
 
     capacity: int
     add_batch_size: int
@@ -53,7 +76,14 @@ class QueueConfig(NamedTuple):
 
 
 class Queue(NamedTuple):
-    """The pure functions of a queue, and its configuration."""
+    """The pure functions of a queue, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> queue = jaxbuf.make_queue(capacity=8, add_batch_size=2, sample_batch_size=4)
+      >>> queue._fields
+      ('init', 'add', 'pop', 'can_add', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any

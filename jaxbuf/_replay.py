@@ -29,6 +29,13 @@ class ReplayBufferState:
       added: uint32 scalar, the number of items ever added, modulo 2**32 (it wraps
         around, never overflows): `(added - earlier_added) % 2**32` counts the items
         added in between, as the on-disk dataset writer does.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(100, 8)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
+      >>> state.experience["obs"].shape, int(state.size), int(state.position)
+      ((100, 3), 5, 5)
     """
 
     experience: PyTree
@@ -48,6 +55,14 @@ class ReplaySample:
         holding at least `min_size` items. Below `min_size` the items are still
         drawn uniformly from the stored ones; from an empty buffer every item is the
         zero-filled row 0, and `valid` is false.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(100, 8)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
+      >>> batch = buffer.sample(state, jax.random.key(0))
+      >>> batch.experience["obs"].shape, batch.indices.shape, bool(batch.valid.all())
+      ((8, 3), (8,), True)
     """
 
     experience: PyTree
@@ -56,7 +71,14 @@ class ReplaySample:
 
 
 class ReplayBufferConfig(NamedTuple):
-    """The validated configuration of a replay buffer (see `make_replay_buffer`)."""
+    """The validated configuration of a replay buffer (see `make_replay_buffer`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_replay_buffer(100, 8, min_size=10).config
+      ReplayBufferConfig(capacity=100, sample_batch_size=8, min_size=10, replacement=True,
+      truncate_ok=False)
+    """
 
     capacity: int
     sample_batch_size: int
@@ -66,7 +88,14 @@ class ReplayBufferConfig(NamedTuple):
 
 
 class ReplayBuffer(NamedTuple):
-    """The pure functions of a replay buffer, and its configuration."""
+    """The pure functions of a replay buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(capacity=100, sample_batch_size=8)
+      >>> type(buffer).__name__, buffer._fields
+      ('ReplayBuffer', ('init', 'add', 'sample', 'can_sample', 'config'))
+    """
 
     init: InitFn
     add: AddFn

@@ -14,15 +14,32 @@ from jaxbuf import _returns, _ring, _validation
 
 PyTree = Any
 
-#: Keys every step must have, and what each one holds (per environment).
-STEP_KEYS = {
-    "reward": "float scalar: the reward received after the step",
-    "value": "float scalar: the value estimate of the observation the step was taken from",
-    "terminated": "bool scalar: the episode ended in a terminal state",
-    "truncated": "bool scalar: the episode was cut (time limit)",
-    "final_value": "float scalar: the value of the final observation where truncated "
-    "(read only where truncated is true)",
-}
+
+class _StepKeys(dict):
+    """The keys every rollout step must have, and what each one holds (per environment).
+
+    A step may hold more keys (observations, actions, log-probabilities); these
+    are the ones GAE reads.
+
+    Example:
+      >>> import jaxbuf
+      >>> sorted(jaxbuf.STEP_KEYS)
+      ['final_value', 'reward', 'terminated', 'truncated', 'value']
+      >>> jaxbuf.STEP_KEYS["truncated"]
+      'bool scalar: the episode was cut (time limit)'
+    """
+
+
+STEP_KEYS = _StepKeys(
+    {
+        "reward": "float scalar: the reward received after the step",
+        "value": "float scalar: the value estimate of the observation the step was taken from",
+        "terminated": "bool scalar: the episode ended in a terminal state",
+        "truncated": "bool scalar: the episode was cut (time limit)",
+        "final_value": "float scalar: the value of the final observation where truncated "
+        "(read only where truncated is true)",
+    }
+)
 
 
 @struct.dataclass
@@ -36,6 +53,15 @@ class RolloutBufferState:
         steps were not stored.
       advantages: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
       returns: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95)
+      >>> step = {"obs": jnp.zeros(3), "reward": 0.0, "value": 0.0, "final_value": 0.0,
+      ...     "terminated": False, "truncated": False}
+      >>> state = buffer.init(step)
+      >>> state.steps["obs"].shape, state.advantages.shape, int(state.size)
+      ((4, 2, 3), (4, 2), 0)
     """
 
     steps: PyTree
@@ -55,6 +81,19 @@ class RolloutBatch:
       returns: `[num_minibatches, batch]`, the value targets.
       valid: bool `[num_minibatches, batch]`, false for slots beyond `size` (all
         true for a full rollout).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_rollout_buffer(2, 1, discount=0.5, gae_lambda=1.0)
+      >>> step = {"obs": jnp.zeros(1), "reward": 1.0, "value": 0.0, "final_value": 0.0,
+      ...     "terminated": False, "truncated": False}
+      >>> state = buffer.init(step)
+      >>> one = jax.tree.map(lambda x: jnp.asarray(x)[None], step)
+      >>> state = buffer.add(buffer.add(state, one), one)
+      >>> state = buffer.finish(state, last_value=jnp.zeros(1))
+      >>> batch = buffer.minibatches(state, jax.random.key(0), num_minibatches=1)
+      >>> batch.experience["obs"].shape, sorted(batch.returns[0].tolist())
+      ((1, 2, 1), [1.0, 1.5])
     """
 
     experience: PyTree
@@ -64,7 +103,14 @@ class RolloutBatch:
 
 
 class RolloutBufferConfig(NamedTuple):
-    """The validated configuration of a rollout buffer."""
+    """The validated configuration of a rollout buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95).config
+      RolloutBufferConfig(num_steps=4, num_envs=2, discount=0.99, gae_lambda=0.95,
+      normalize_advantages=True, method='scan')
+    """
 
     num_steps: int
     num_envs: int
@@ -75,7 +121,15 @@ class RolloutBufferConfig(NamedTuple):
 
 
 class RolloutBuffer(NamedTuple):
-    """The pure functions of a rollout buffer, and its configuration."""
+    """The pure functions of a rollout buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_rollout_buffer(num_steps=4, num_envs=2, discount=0.99,
+      ...     gae_lambda=0.95)
+      >>> buffer._fields
+      ('init', 'add', 'finish', 'minibatches', 'clear', 'config')
+    """
 
     init: Any
     add: Any

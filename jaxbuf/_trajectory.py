@@ -25,6 +25,13 @@ class TrajectoryBufferState:
         environments add together).
       size: int32 scalar, the number of steps stored per environment.
       added: uint32 scalar, steps ever added per environment, modulo 2**32.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
+      >>> state.experience["obs"].shape, int(state.size)
+      ((2, 50, 3), 7)
     """
 
     experience: PyTree
@@ -45,6 +52,14 @@ class SequenceSample:
         first step where `done_fn` is true (all true without an episode end); None
         when the buffer has no `done_fn`.
       valid: bool `[sample_batch_size]`, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
+      >>> batch = buffer.sample(state, jax.random.key(0))
+      >>> batch.experience["obs"].shape, batch.env_indices.shape, batch.time_indices.shape
+      ((4, 3, 3), (4,), (4,))
     """
 
     experience: PyTree
@@ -55,7 +70,14 @@ class SequenceSample:
 
 
 class TrajectoryBufferConfig(NamedTuple):
-    """The validated configuration of a trajectory buffer."""
+    """The validated configuration of a trajectory buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_trajectory_buffer(2, 50, 4, 3).config
+      TrajectoryBufferConfig(num_envs=2, capacity=50, sample_batch_size=4, sequence_length=3,
+      period=1, min_size=3)
+    """
 
     num_envs: int
     capacity: int
@@ -66,7 +88,15 @@ class TrajectoryBufferConfig(NamedTuple):
 
 
 class TrajectoryBuffer(NamedTuple):
-    """The pure functions of a trajectory buffer, and its configuration."""
+    """The pure functions of a trajectory buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=50, sample_batch_size=4,
+      ...     sequence_length=3)
+      >>> buffer._fields
+      ('init', 'add', 'add_step', 'sample', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any

@@ -41,6 +41,13 @@ class Transition:
         the FINAL observation (before any automatic reset, e.g. gymnax's and
         Gymnasium's `info["final_observation"]`); elsewhere it equals the next
         step's `obs` and is not stored.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> step = jaxbuf.Transition(obs=jnp.zeros(2), action=jnp.int32(0), reward=jnp.float32(0),
+      ...     terminated=jnp.bool_(False), truncated=jnp.bool_(False), next_obs=jnp.zeros(2))
+      >>> jax.tree.map(jnp.shape, step)
+      Transition(obs=(2,), action=(), reward=(), terminated=(), truncated=(), next_obs=(2,))
     """
 
     obs: PyTree
@@ -69,6 +76,16 @@ class TransitionBufferState:
       stale: int32 `[num_envs]`, how many of the oldest stored steps may not start a
         transition because the final observation they need has been overwritten
         (always 0 when no episode is shorter than `min_episode_length`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_transition_buffer(2, 50, 4, n_step=3)
+      >>> example = jaxbuf.Transition(jnp.zeros(2), jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+      ...     jnp.bool_(False), jnp.zeros(2))
+      >>> state = buffer.init(example)
+      >>> jax.tree.map(jnp.shape, state.storage.experience)
+      {'action': (2, 50), 'obs': (2, 50, 2), 'reward': (2, 50), 'terminated': (2, 50), 'truncated':
+      (2, 50)}
     """
 
     storage: _trajectory.TrajectoryBufferState
@@ -98,6 +115,18 @@ class NStepSample:
       env_indices: int32, the environment of each transition.
       time_indices: int32, the storage time index of its first step.
       valid: bool, false while the buffer cannot sample.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_transition_buffer(1, 20, 2, n_step=2, discount=0.5)
+      >>> steps = jaxbuf.Transition(obs=jnp.arange(4.0)[None, :, None], action=jnp.zeros((1, 4),
+      ...     jnp.int32), reward=jnp.ones((1, 4)), terminated=jnp.zeros((1, 4), bool),
+      ...     truncated=jnp.zeros((1, 4), bool), next_obs=jnp.arange(1.0, 5.0)[None, :, None])
+      >>> state = buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], steps)), steps)
+      >>> batch = buffer.sample(state, jax.random.key(0))
+      >>> (batch.obs[:, 0].tolist(), batch.reward.tolist(), batch.discount.tolist(),
+      ...  batch.next_obs[:, 0].tolist())
+      ([0.0, 0.0], [1.5, 1.5], [0.25, 0.25], [2.0, 2.0])
     """
 
     obs: PyTree
@@ -112,7 +141,14 @@ class NStepSample:
 
 
 class TransitionBufferConfig(NamedTuple):
-    """The validated configuration of a transition buffer."""
+    """The validated configuration of a transition buffer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> jaxbuf.make_transition_buffer(2, 50, 4, n_step=3).config
+      TransitionBufferConfig(num_envs=2, capacity=50, sample_batch_size=4, n_step=3, discount=0.99,
+      min_episode_length=1, final_capacity=50, min_size=4)
+    """
 
     num_envs: int
     capacity: int
@@ -125,7 +161,15 @@ class TransitionBufferConfig(NamedTuple):
 
 
 class TransitionBuffer(NamedTuple):
-    """The pure functions of a transition buffer, and its configuration."""
+    """The pure functions of a transition buffer, and its configuration.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, capacity=50, sample_batch_size=4,
+      ...     n_step=3)
+      >>> buffer._fields
+      ('init', 'add', 'add_step', 'sample', 'can_sample', 'config')
+    """
 
     init: Any
     add: Any

@@ -24,6 +24,14 @@ class VectorizedSample:
       indices: int32 `[sample_batch_size]`, the storage row within that buffer.
       valid: bool `[sample_batch_size]`, true where the item's buffer holds at least
         `min_size` items (see `ReplaySample.valid`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffers = jaxbuf.vectorize(jaxbuf.make_replay_buffer(10, 4), num_buffers=3)
+      >>> state = buffers.add(buffers.init(jnp.float32(0)), jnp.ones((3, 2)))
+      >>> batch = buffers.sample(state, jax.random.key(0))
+      >>> batch.experience.shape, batch.buffer_indices.shape, batch.indices.shape
+      ((4,), (4,), (4,))
     """
 
     experience: PyTree
@@ -33,7 +41,14 @@ class VectorizedSample:
 
 
 class VectorizedReplayBuffer(NamedTuple):
-    """The pure functions of `num_buffers` independent replay buffers."""
+    """The pure functions of `num_buffers` independent replay buffers.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffers = jaxbuf.vectorize(jaxbuf.make_replay_buffer(10, 4), num_buffers=3)
+      >>> buffers.num_buffers, buffers.config.capacity
+      (3, 10)
+    """
 
     init: InitFn
     add: AddFn
