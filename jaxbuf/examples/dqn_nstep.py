@@ -1,0 +1,224 @@
+"""n-step DQN on gymnax CartPole-v1, with uniform or prioritized transitions.
+
+Run with `python -m jaxbuf.examples.dqn_nstep [--seed N] [--quiet]` (both variants).
+
+The same agent as `dqn_cartpole`, but each environment step goes into a
+`make_transition_buffer` (observations stored once, n-step returns computed at
+sample time, truncations bootstrapped from the true final observation) or its
+prioritized twin `make_prioritized_transition_buffer`. With priorities, the loss
+is weighted by the importance weights, beta anneals from 0.4 to 1 inside the
+jitted loop, and the new priorities are the absolute TD errors.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import optax
+
+import jaxbuf
+from jaxbuf.examples._common import command_line, evaluate_and_report
+from jaxbuf.examples.dqn_cartpole import QNetwork
+
+CONFIG = dict(
+    num_envs=10,
+    hidden=(120, 84),
+    total_timesteps=100_000,
+    steps_per_env=1_000,  # buffer capacity: 10 environments x 1,000 steps
+    batch_size=128,
+    n_step=3,
+    learning_starts=1_000,  # steps per environment before learning starts
+    learning_rate=2.5e-4,
+    discount=0.99,
+    epsilon_start=1.0,
+    epsilon_end=0.05,
+    epsilon_fraction=0.5,
+    target_update_every=500,
+    priority_exponent=0.6,
+    importance_start=0.4,
+    importance_end=1.0,
+    priority_floor=1e-3,  # added to |TD error|, so no transition is never drawn again
+    num_chunks=20,
+    eval_envs=64,
+)
+
+
+class Runner(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    buffer_state: Any
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array  # [num_envs] return of the running episodes
+    last_returns: jax.Array  # [num_envs] return of each environment's last episode
+    step: jax.Array  # int32 iteration counter
+    key: jax.Array
+
+
+def make_buffer(config: dict, prioritized: bool):
+    """The transition buffer of the agent, uniform or prioritized."""
+    args = (config["num_envs"], config["steps_per_env"], config["batch_size"])
+    options = dict(
+        n_step=config["n_step"], discount=config["discount"], min_size=config["learning_starts"]
+    )
+    if prioritized:
+        return jaxbuf.make_prioritized_transition_buffer(
+            *args, **options, priority_exponent=config["priority_exponent"]
+        )
+    return jaxbuf.make_transition_buffer(*args, **options)
+
+
+def make_train(config: dict, env, env_params, prioritized: bool):
+    """`init(key) -> Runner`, a jitted donated `train_chunk(runner)`, and the network."""
+    num_actions = env.action_space(env_params).n
+    network = QNetwork(num_actions, tuple(config["hidden"]))
+    num_iterations = config["total_timesteps"] // config["num_envs"]
+    optimizer = optax.adam(config["learning_rate"])
+    buffer = make_buffer(config, prioritized)
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def progress(step: jax.Array, fraction: float) -> jax.Array:
+        return jnp.minimum(step.astype(jnp.float32) / (fraction * num_iterations), 1.0)
+
+    def init(key: jax.Array) -> Runner:
+        key, net_key, env_key = jax.random.split(key, 3)
+        obs, env_state = reset(jax.random.split(env_key, config["num_envs"]), env_params)
+        params = network.init(net_key, obs[0])
+        example = jaxbuf.Transition(
+            obs=obs[0], action=jnp.int32(0), reward=jnp.float32(0),
+            terminated=jnp.bool_(False), truncated=jnp.bool_(False), next_obs=obs[0],
+        )  # fmt: skip
+        zeros = lambda: jnp.zeros(config["num_envs"], jnp.float32)  # noqa: E731
+        return Runner(
+            params, jax.tree.map(jnp.copy, params), optimizer.init(params),
+            buffer.init(example), env_state, obs, zeros(), zeros(),
+            jnp.zeros((), jnp.int32), key,
+        )  # fmt: skip
+
+    def td_errors(params, target_params, batch: jaxbuf.NStepSample) -> jax.Array:
+        q = network.apply(params, batch.obs)
+        q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=1)[:, 0]
+        next_q = jnp.max(network.apply(target_params, batch.next_obs), axis=1)
+        # discount is gamma^k, or 0 where the episode terminated within the n steps
+        target = batch.reward + batch.discount * next_q
+        return q_taken - jax.lax.stop_gradient(target)
+
+    def learn(runner: Runner, key: jax.Array) -> tuple[Runner, jax.Array]:
+        if prioritized:
+            beta = config["importance_start"] + progress(runner.step, 1.0) * (
+                config["importance_end"] - config["importance_start"]
+            )  # a traced value: annealed inside the jitted loop
+            drawn = buffer.sample(runner.buffer_state, key, importance_exponent=beta)
+            batch, weights = drawn.transitions, drawn.weights
+        else:
+            batch = buffer.sample(runner.buffer_state, key)
+            weights = jnp.ones(config["batch_size"])
+
+        def loss_fn(params):
+            errors = td_errors(params, runner.target_params, batch)
+            return jnp.mean(weights * errors**2), errors
+
+        (loss, errors), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
+        updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
+        runner = runner._replace(
+            params=optax.apply_updates(runner.params, updates), opt_state=opt_state
+        )
+        if prioritized:
+            new = jnp.abs(errors) + config["priority_floor"]
+            state = buffer.set_priorities(runner.buffer_state, drawn.indices, new)
+            runner = runner._replace(buffer_state=state)
+        return runner, loss
+
+    def iteration(runner: Runner, _) -> tuple[Runner, jax.Array]:
+        key, act_key, explore_key, step_key, learn_key = jax.random.split(runner.key, 5)
+        greedy = jnp.argmax(network.apply(runner.params, runner.obs), axis=1)
+        random_actions = jax.random.randint(act_key, greedy.shape, 0, num_actions)
+        epsilon = config["epsilon_start"] + progress(runner.step, config["epsilon_fraction"]) * (
+            config["epsilon_end"] - config["epsilon_start"]
+        )
+        explore = jax.random.uniform(explore_key, greedy.shape) < epsilon
+        action = jnp.where(explore, random_actions, greedy).astype(jnp.int32)
+        obs, env_state, reward, terminated, truncated, info = step_env(
+            jax.random.split(step_key, config["num_envs"]), runner.env_state, action, env_params
+        )
+        step = jaxbuf.Transition(
+            obs=runner.obs, action=action, reward=reward.astype(jnp.float32),
+            terminated=terminated, truncated=truncated,
+            next_obs=info["final_observation"],  # read only where an episode ended
+        )  # fmt: skip
+        buffer_state = buffer.add_step(runner.buffer_state, step)
+        done = terminated | truncated
+        episode_return = runner.episode_return + reward
+        runner = runner._replace(
+            buffer_state=buffer_state, env_state=env_state, obs=obs, key=key,
+            episode_return=jnp.where(done, 0.0, episode_return),
+            last_returns=jnp.where(done, episode_return, runner.last_returns),
+            step=runner.step + 1,
+        )  # fmt: skip
+        runner, loss = jax.lax.cond(
+            buffer.can_sample(buffer_state),
+            learn,
+            lambda r, _: (r, jnp.zeros((), jnp.float32)),
+            runner,
+            learn_key,
+        )
+        timesteps = runner.step * config["num_envs"]
+        sync = timesteps % config["target_update_every"] < config["num_envs"]
+        target = jax.tree.map(
+            lambda t, p: jnp.where(sync, p, t), runner.target_params, runner.params
+        )
+        return runner._replace(target_params=target), loss
+
+    chunk_length = num_iterations // config["num_chunks"]
+
+    def train_chunk(runner: Runner) -> tuple[Runner, jax.Array]:
+        runner, losses = jax.lax.scan(iteration, runner, length=chunk_length)
+        return runner, jnp.mean(losses)
+
+    return init, jax.jit(train_chunk, donate_argnums=0), network
+
+
+def train(seed: int, prioritized: bool, config: dict = CONFIG, quiet: bool = False):
+    """Trains one agent; returns `(timesteps, mean episode returns)` per chunk and params."""
+    env, env_params = gymnax.make("CartPole-v1")
+    init, train_chunk, network = make_train(config, env, env_params, prioritized)
+    runner = init(jax.random.key(seed))
+    curve, start = [], time.perf_counter()
+    for _ in range(config["num_chunks"]):
+        runner, loss = train_chunk(runner)
+        timesteps = int(runner.step) * config["num_envs"]
+        curve.append((timesteps, float(runner.last_returns.mean())))
+        if not quiet:
+            print(
+                f"[{time.perf_counter() - start:6.1f}s] timesteps {timesteps:>7d}"
+                f"  episode return {curve[-1][1]:6.1f}  loss {float(loss):.4f}",
+                flush=True,
+            )
+    return curve, runner.params, network
+
+
+def main(seed: int = 0, quiet: bool = False) -> float:
+    env, env_params = gymnax.make("CartPole-v1")
+    scores = []
+    for prioritized in (False, True):
+        print(f"== {'prioritized' if prioritized else 'uniform'} 3-step replay ==", flush=True)
+        start = time.perf_counter()
+        _, params, network = train(seed, prioritized, quiet=quiet)
+
+        def greedy(params, obs, network=network):
+            return jnp.argmax(network.apply(params, obs), axis=1)
+
+        scores.append(
+            evaluate_and_report(greedy, env, env_params, params, seed, start, CONFIG["eval_envs"])
+        )
+    return min(scores)
+
+
+if __name__ == "__main__":
+    command_line(main, __doc__)
