@@ -96,8 +96,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=2.0, help="buffer size")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--quick", action="store_true", help="a 0.1 GiB buffer (smoke run)")
     args = parser.parse_args()
-    capacity = int(args.gib * 2**30 / (256 * 4))
+    gib = 0.1 if args.quick else args.gib
+    capacity = int(gib * 2**30 / (256 * 4))
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in ("msgpack", "orbax"):

@@ -44,6 +44,7 @@ def items(key, count):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--quick", action="store_true", help="the same run (it is short)")
     args = parser.parse_args()
     buffer = jaxbuf.make_replay_buffer(CAPACITY, 256)
     add = jax.jit(buffer.add, donate_argnums=0)

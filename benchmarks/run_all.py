@@ -1,0 +1,73 @@
+"""Runs every benchmark, then draws the plots and writes the report.
+
+Run: `python benchmarks/run_all.py [--quick] [--out benchmarks/results] [--only a,b]`.
+
+Each script runs in its own process (a fresh JAX, so one script's memory and
+compiled code cannot slow the next), one after another, under a progress bar;
+its output goes to `<out>/logs/<script>.log`. `report.py` then turns the JSON
+results into `plots/*.png` and `REPORT.md`. The machine and versions are printed
+first and recorded in every result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCRIPTS = (
+    "bench_sweep",  # add and sample of every kind against capacity and batch; memory; donation
+    "bench_replay",
+    "bench_trajectory",
+    "bench_transition",
+    "bench_prioritized",
+    "bench_gae",
+    "bench_sharding",
+    "bench_dataset",
+    "bench_checkpoint",  # needs about 10 GiB of host memory
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every script")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--only", default="", help="comma-separated script names to run")
+    args = parser.parse_args()
+    import report
+    from common import environment
+    from tqdm import tqdm
+
+    env = environment()
+    print(f"{env['cpu']} ({env['cpu_count']} cores), {env['backend']} backend, "
+          f"Python {env['python']}, {env['platform']}")  # fmt: skip
+    print(", ".join(f"{k} {v}" for k, v in env["versions"].items() if v))
+    out = pathlib.Path(args.out).resolve()
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    chosen = [s for s in SCRIPTS if not args.only or s in args.only.split(",")]
+    failed = []
+    with tqdm(chosen, unit="script") as bar:
+        for script in bar:
+            bar.set_description(script)
+            start = time.perf_counter()
+            command = [sys.executable, str(HERE / f"{script}.py"), "--out", str(out)]
+            with open(logs / f"{script}.log", "w") as log:
+                done = subprocess.run(
+                    command + ["--quick"] * args.quick, cwd=HERE, stdout=log,
+                    stderr=subprocess.STDOUT, check=False,
+                )  # fmt: skip
+            status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
+            bar.write(f"{script}: {status} in {time.perf_counter() - start:.0f} s")
+            if done.returncode:
+                failed.append(script)
+    print("wrote", report.report(out))
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (see {logs})")
+
+
+if __name__ == "__main__":
+    main()
