@@ -246,6 +246,14 @@ def _write_final(state: TransitionBufferState, steps: Transition, k: int):
     done = steps.terminated | steps.truncated  # [N, T]
     numbers = state.storage.added + jnp.arange(done.shape[1], dtype=jnp.uint32)
     numbers = jnp.broadcast_to(numbers, done.shape)
+    if k >= _storage_capacity(state):
+        # A ring of `capacity` ends holds the end of every stored step, so an end
+        # pushed out never belongs to a stored step: nothing can turn stale, and
+        # the ring's step numbers need not be read (a read of the ring beside its
+        # write made XLA copy the ring on every add).
+        state = _push_final(state, steps, done, numbers)
+        none = jnp.zeros(done.shape[:1], bool)
+        return state, none, jnp.zeros(done.shape[:1], jnp.uint32)
     # The ends pushed out are the oldest of [ring in order, this chunk's ends].
     ends = done.sum(axis=1, dtype=jnp.int32)
     pushed = state.final_filled + ends - k
@@ -256,6 +264,16 @@ def _write_final(state: TransitionBufferState, steps: Transition, k: int):
     new_index = jnp.argmax(done & (rank == (newest - state.final_filled)[:, None]), axis=1)
     new_number = jnp.take_along_axis(numbers, new_index[:, None], axis=1)[:, 0]
     number = jnp.where(newest < state.final_filled, old_number, new_number)
+    state = _push_final(state, steps, done, numbers)
+    return state, pushed > 0, number
+
+
+def _storage_capacity(state: TransitionBufferState) -> int:
+    return jax.tree_util.tree_leaves(state.storage.experience)[0].shape[1]
+
+
+def _push_final(state: TransitionBufferState, steps: Transition, done, numbers):
+    """Appends the final observations (and step numbers) of the ends in `done`."""
     (final_obs, final_step), final_next, final_filled, slots = _ring.push_where(
         (state.final_obs, state.final_step),
         state.final_next,
@@ -273,7 +291,7 @@ def _write_final(state: TransitionBufferState, steps: Transition, k: int):
         final_next=final_next,
         final_filled=final_filled,
     )
-    return state, pushed > 0, number
+    return state
 
 
 def _stale(before, after, stale, evicted, number) -> jax.Array:

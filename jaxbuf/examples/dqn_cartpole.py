@@ -59,13 +59,41 @@ class Runner(NamedTuple):
     params: Any
     target_params: Any
     opt_state: Any
-    buffer_state: jaxbuf.ReplayBufferState
+    buffer_state: Any  # the state of the agent's buffer
     env_state: Any
     obs: jax.Array
     episode_return: jax.Array  # [num_envs] return of the running episodes
     last_returns: jax.Array  # [num_envs] return of each environment's last episode
     step: jax.Array  # int32 iteration counter
     key: jax.Array
+
+
+def epsilon_greedy(network, runner: Runner, epsilon, keys, num_actions: int) -> jax.Array:
+    """int32 `[num_envs]` actions: greedy, or uniform with probability `epsilon`."""
+    act_key, explore_key = keys
+    greedy = jnp.argmax(network.apply(runner.params, runner.obs), axis=1)
+    random_actions = jax.random.randint(act_key, greedy.shape, 0, num_actions)
+    explore = jax.random.uniform(explore_key, greedy.shape) < epsilon
+    return jnp.where(explore, random_actions, greedy).astype(jnp.int32)
+
+
+def after_step(runner: Runner, config: dict, moved: dict, reward, done, learn, ready, key):
+    """Records a step of every environment (`moved`: the runner's new buffer_state,
+    env_state, obs and key), learns if `ready`, and syncs the target network."""
+    episode_return = runner.episode_return + reward
+    runner = runner._replace(
+        **moved,
+        episode_return=jnp.where(done, 0.0, episode_return),
+        last_returns=jnp.where(done, episode_return, runner.last_returns),
+        step=runner.step + 1,
+    )
+    runner, loss = jax.lax.cond(
+        ready, learn, lambda r, _: (r, jnp.zeros((), jnp.float32)), runner, key
+    )
+    timesteps = runner.step * config["num_envs"]
+    sync = timesteps % config["target_update_every"] < config["num_envs"]
+    target = jax.tree.map(lambda t, p: jnp.where(sync, p, t), runner.target_params, runner.params)
+    return runner._replace(target_params=target), loss
 
 
 def make_train(config: dict, env, env_params):
@@ -124,10 +152,9 @@ def make_train(config: dict, env, env_params):
 
     def iteration(runner: Runner, _) -> tuple[Runner, jax.Array]:
         key, act_key, explore_key, step_key, learn_key = jax.random.split(runner.key, 5)
-        greedy = jnp.argmax(network.apply(runner.params, runner.obs), axis=1)
-        random_actions = jax.random.randint(act_key, greedy.shape, 0, num_actions)
-        explore = jax.random.uniform(explore_key, greedy.shape) < epsilon(runner.step)
-        action = jnp.where(explore, random_actions, greedy).astype(jnp.int32)
+        action = epsilon_greedy(
+            network, runner, epsilon(runner.step), (act_key, explore_key), num_actions
+        )
         step_keys = jax.random.split(step_key, config["num_envs"])
         obs, env_state, reward, terminated, truncated, info = step_env(
             step_keys, runner.env_state, action, env_params
@@ -140,27 +167,11 @@ def make_train(config: dict, env, env_params):
             "terminated": terminated,
         }
         buffer_state = buffer.add(runner.buffer_state, transition)
-        done = terminated | truncated
-        episode_return = runner.episode_return + reward
-        runner = runner._replace(
-            buffer_state=buffer_state, env_state=env_state, obs=obs, key=key,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            last_returns=jnp.where(done, episode_return, runner.last_returns),
-            step=runner.step + 1,
-        )  # fmt: skip
-        runner, loss = jax.lax.cond(
-            buffer.can_sample(buffer_state),
-            learn,
-            lambda r, _: (r, jnp.zeros((), jnp.float32)),
-            runner,
-            learn_key,
+        moved = dict(buffer_state=buffer_state, env_state=env_state, obs=obs, key=key)
+        ready = buffer.can_sample(buffer_state)
+        return after_step(
+            runner, config, moved, reward, terminated | truncated, learn, ready, learn_key
         )
-        timesteps = runner.step * config["num_envs"]
-        sync = timesteps % config["target_update_every"] < config["num_envs"]
-        target = jax.tree.map(
-            lambda t, p: jnp.where(sync, p, t), runner.target_params, runner.params
-        )
-        return runner._replace(target_params=target), loss
 
     chunk_length = num_iterations // config["num_chunks"]
 

@@ -13,7 +13,6 @@ jitted loop, and the new priorities are the absolute TD errors.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
 
 import gymnax
 import jax
@@ -22,7 +21,7 @@ import optax
 
 import jaxbuf
 from jaxbuf.examples._common import command_line, evaluate_and_report
-from jaxbuf.examples.dqn_cartpole import QNetwork
+from jaxbuf.examples.dqn_cartpole import QNetwork, Runner, after_step, epsilon_greedy
 
 CONFIG = dict(
     num_envs=10,
@@ -45,19 +44,6 @@ CONFIG = dict(
     num_chunks=20,
     eval_envs=64,
 )
-
-
-class Runner(NamedTuple):
-    params: Any
-    target_params: Any
-    opt_state: Any
-    buffer_state: Any
-    env_state: Any
-    obs: jax.Array
-    episode_return: jax.Array  # [num_envs] return of the running episodes
-    last_returns: jax.Array  # [num_envs] return of each environment's last episode
-    step: jax.Array  # int32 iteration counter
-    key: jax.Array
 
 
 def make_buffer(config: dict, prioritized: bool):
@@ -137,13 +123,10 @@ def make_train(config: dict, env, env_params, prioritized: bool):
 
     def iteration(runner: Runner, _) -> tuple[Runner, jax.Array]:
         key, act_key, explore_key, step_key, learn_key = jax.random.split(runner.key, 5)
-        greedy = jnp.argmax(network.apply(runner.params, runner.obs), axis=1)
-        random_actions = jax.random.randint(act_key, greedy.shape, 0, num_actions)
         epsilon = config["epsilon_start"] + progress(runner.step, config["epsilon_fraction"]) * (
             config["epsilon_end"] - config["epsilon_start"]
         )
-        explore = jax.random.uniform(explore_key, greedy.shape) < epsilon
-        action = jnp.where(explore, random_actions, greedy).astype(jnp.int32)
+        action = epsilon_greedy(network, runner, epsilon, (act_key, explore_key), num_actions)
         obs, env_state, reward, terminated, truncated, info = step_env(
             jax.random.split(step_key, config["num_envs"]), runner.env_state, action, env_params
         )
@@ -153,27 +136,11 @@ def make_train(config: dict, env, env_params, prioritized: bool):
             next_obs=info["final_observation"],  # read only where an episode ended
         )  # fmt: skip
         buffer_state = buffer.add_step(runner.buffer_state, step)
-        done = terminated | truncated
-        episode_return = runner.episode_return + reward
-        runner = runner._replace(
-            buffer_state=buffer_state, env_state=env_state, obs=obs, key=key,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            last_returns=jnp.where(done, episode_return, runner.last_returns),
-            step=runner.step + 1,
-        )  # fmt: skip
-        runner, loss = jax.lax.cond(
-            buffer.can_sample(buffer_state),
-            learn,
-            lambda r, _: (r, jnp.zeros((), jnp.float32)),
-            runner,
-            learn_key,
+        moved = dict(buffer_state=buffer_state, env_state=env_state, obs=obs, key=key)
+        ready = buffer.can_sample(buffer_state)
+        return after_step(
+            runner, config, moved, reward, terminated | truncated, learn, ready, learn_key
         )
-        timesteps = runner.step * config["num_envs"]
-        sync = timesteps % config["target_update_every"] < config["num_envs"]
-        target = jax.tree.map(
-            lambda t, p: jnp.where(sync, p, t), runner.target_params, runner.params
-        )
-        return runner._replace(target_params=target), loss
 
     chunk_length = num_iterations // config["num_chunks"]
 
