@@ -19,7 +19,8 @@ Capacity sweeps 1e3 to 1e6 at B = 256; the batch sweep takes B in {32, 256,
 called as their users call them. The donation rows time jaxbuf's replay `add`
 jitted without `donate_argnums`: XLA then copies the whole storage per call.
 Memory is the bytes of a state (or the peer's arrays) per stored item, over the
-bytes of one item. All implementations of a case take turns in every timed
+bytes of one item; cpprb does not expose its arrays, so its figure is their
+nominal size (one array per field), not a measurement. All implementations of a case take turns in every timed
 round; read the ratios.
 
 Run: `python benchmarks/bench_sweep.py [--quick] [--out benchmarks/results]`.
