@@ -46,6 +46,17 @@ def make_evaluate(
     return jax.jit(evaluate)
 
 
+def jitted_chunks(iteration: Callable, length: int) -> Callable:
+    """A jitted, donated `train_chunk(runner) -> (runner, mean loss)`: `length` steps of
+    `iteration(runner, _) -> (runner, loss)` in one `lax.scan`."""
+
+    def train_chunk(runner):
+        runner, losses = jax.lax.scan(iteration, runner, length=length)
+        return runner, jnp.mean(losses)
+
+    return jax.jit(train_chunk, donate_argnums=0)
+
+
 def evaluate_and_report(
     greedy_action, env, env_params, params, seed: int, start: float, episodes: int
 ) -> float:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import command_line, evaluate_and_report
+from jaxbuf.examples._common import command_line, evaluate_and_report, jitted_chunks
 
 CONFIG = dict(
     num_envs=10,
@@ -173,13 +173,7 @@ def make_train(config: dict, env, env_params):
             runner, config, moved, reward, terminated | truncated, learn, ready, learn_key
         )
 
-    chunk_length = num_iterations // config["num_chunks"]
-
-    def train_chunk(runner: Runner) -> tuple[Runner, jax.Array]:
-        runner, losses = jax.lax.scan(iteration, runner, length=chunk_length)
-        return runner, jnp.mean(losses)
-
-    return init, jax.jit(train_chunk, donate_argnums=0), network
+    return init, jitted_chunks(iteration, num_iterations // config["num_chunks"]), network
 
 
 def main(seed: int = 0, quiet: bool = False) -> float:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import command_line, evaluate_and_report
+from jaxbuf.examples._common import command_line, evaluate_and_report, jitted_chunks
 from jaxbuf.examples.dqn_cartpole import QNetwork, Runner, after_step, epsilon_greedy
 
 CONFIG = dict(
@@ -142,13 +142,7 @@ def make_train(config: dict, env, env_params, prioritized: bool):
             runner, config, moved, reward, terminated | truncated, learn, ready, learn_key
         )
 
-    chunk_length = num_iterations // config["num_chunks"]
-
-    def train_chunk(runner: Runner) -> tuple[Runner, jax.Array]:
-        runner, losses = jax.lax.scan(iteration, runner, length=chunk_length)
-        return runner, jnp.mean(losses)
-
-    return init, jax.jit(train_chunk, donate_argnums=0), network
+    return init, jitted_chunks(iteration, num_iterations // config["num_chunks"]), network
 
 
 def train(seed: int, prioritized: bool, config: dict = CONFIG, quiet: bool = False):
