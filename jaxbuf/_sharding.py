@@ -74,7 +74,6 @@ BUFFERS = (
     _queue.Queue,
     _rollout.RolloutBuffer,
 )
-_SPECS = {"state": P("{axis}"), "batch": P("{axis}"), "minibatches": P(None, "{axis}")}
 
 
 def _check_buffer(buffer: Any) -> None:
@@ -169,11 +168,10 @@ def _unblock(kind: Any, result: Any) -> Any:
 
 
 def _spec(kind: Any, axis: str) -> Any:
+    """How a result of the role `kind` lies over the shards."""
     if isinstance(kind, tuple):
         return tuple(_spec(k, axis) for k in kind)
-    if kind == "all":
-        return P(axis)
-    return P(*[None if part is None else axis for part in _SPECS[kind]])
+    return P(None, axis) if kind == "minibatches" else P(axis)
 
 
 def _check_mesh(mesh: Any, axis_name: str) -> int:
@@ -201,12 +199,12 @@ def _placer(mesh: Mesh, axis_name: str):
     return place
 
 
-def _check_split(tree: Any, count: int, what: str, axis_name: str, axis: int = 0) -> None:
+def _check_split(tree: Any, count: int, what: str, axis_name: str) -> None:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape = jnp.shape(leaf)
-        if len(shape) <= axis or shape[axis] % count:
+        if not shape or shape[0] % count:
             raise ValueError(
-                f"{what}{jax.tree_util.keystr(path)}: axis {axis} of shape {tuple(shape)} must "
+                f"{what}{jax.tree_util.keystr(path)}: axis 0 of shape {tuple(shape)} must "
                 f"split evenly over the {count} shards of mesh axis {axis_name!r} (the "
                 f"buffer is sized for one shard)."
             )
