@@ -129,3 +129,39 @@ def test_dataset_errors_are_named(tmp_path):
         jaxbuf.read_dataset(tmp_path / "data", 0, 3)
     with pytest.raises(FileNotFoundError, match="holds no jaxbuf dataset"):
         jaxbuf.read_dataset(tmp_path / "nothing")
+
+
+def test_include_stored_on_a_wrapped_buffer_writes_the_stored_items_oldest_first(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(5, 2)
+    state = buffer.add(buffer.add(buffer.init(EXAMPLE), items(0, 4)), items(4, 4))  # ids 3..7
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    assert writer.append(state) == 5
+    state = buffer.add(state, items(8, 2))
+    assert writer.append(state) == 2
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")
+    assert data["meta"]["id"].tolist() == list(range(3, 10))
+    chex.assert_trees_all_equal(data, jax.device_get(items(3, 7)))
+
+
+class _FailedWrite:
+    """A pending tensorstore write whose commit failed (a full disk, say)."""
+
+    class commit:
+        @staticmethod
+        def result():
+            raise OSError("no space left on device")
+
+
+def test_a_failed_pending_write_makes_flush_raise_and_keeps_the_old_length(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(8, 2)
+    state = buffer.add(buffer.init(EXAMPLE), items(0, 3))
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer.append(state)
+    writer.flush()
+    state = buffer.add(state, items(3, 2))
+    writer.append(state)
+    writer._pending.insert(0, (_FailedWrite(), None))
+    with pytest.raises(OSError, match="no space left"):
+        writer.flush()
+    assert jaxbuf.read_dataset(tmp_path / "data")["meta"]["id"].tolist() == [0, 1, 2]

@@ -228,3 +228,17 @@ def test_bad_configuration_files_are_named(tmp_path):
 
     with pytest.raises(yaml.YAMLError):  # safe_load refuses to build Python objects
         jaxbuf.buffer_from_config(tmp_path / "c.yaml")
+
+
+def test_csv_export_spreads_a_multi_dimensional_leaf_over_indexed_columns(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(4, 2)
+    m = np.arange(3 * 2 * 3, dtype=np.float32).reshape(3, 2, 3)
+    state = buffer.add(buffer.init({"m": jnp.zeros((2, 3))}), {"m": jnp.asarray(m)})
+    with open(jaxbuf.export(tmp_path / "items.csv", state)) as file:
+        rows = list(csv.reader(file))
+    header = [f"m[{i},{j}]" for i in range(2) for j in range(3)]
+    assert rows[0] == header
+    for item, row in zip(m, rows[1:], strict=True):
+        for name, value in zip(header, row, strict=True):
+            i, j = map(int, name[2:-1].split(","))
+            assert float(value) == item[i, j]

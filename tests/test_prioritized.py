@@ -265,3 +265,21 @@ def test_add_and_sample_errors_are_named():
         buffer.sample(state, jax.random.key(0), importance_exponent=jnp.int32(1))
     batch = jax.jit(buffer.sample)(state, jax.random.key(0))  # empty: placeholders, all invalid
     assert not batch.valid.any() and not batch.weights.any()
+
+
+def test_parallel_update_of_more_than_1024_entries_keeps_the_last_kept_duplicate():
+    rng = np.random.default_rng(7)
+    capacity, batch = 300, 2048  # many duplicates; the sort-based branch of last_occurrence
+    indices = rng.integers(0, capacity, batch)
+    values = rng.choice([0.0, 0.5, 1.0, 3.0], batch)
+    keep = rng.random(batch) < 0.7
+    tree = jax.jit(functools.partial(_sumtree.update, method="parallel"))(
+        _sumtree.init(capacity), jnp.asarray(indices, jnp.int32),
+        jnp.asarray(values, jnp.float32), jnp.asarray(keep),
+    )  # fmt: skip
+    expected = np.zeros(capacity)
+    for i, v, k in zip(indices, values, keep, strict=True):
+        if k:
+            expected[i] = v
+    np.testing.assert_array_equal(_sumtree.leaves(tree, jnp.arange(capacity)), expected)
+    assert float(tree.total) == expected.sum()

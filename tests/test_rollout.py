@@ -207,3 +207,19 @@ def test_bad_steps_and_calls_are_named(variant):
         variant(buffer.finish)(state, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match=re.escape("= 36 is not divisible by num_minibatches=5")):
         buffer.minibatches(state, jax.random.key(0), 5)
+
+
+def test_advantage_normalization_of_a_partial_rollout_uses_only_its_valid_steps():
+    buffer = jaxbuf.make_rollout_buffer(T, N, discount=0.99, gae_lambda=0.95)
+    state = buffer.clear(buffer.finish(filled(buffer, random_steps(5)), np.zeros(N, np.float32)))
+    for step in random_steps(6, steps=5):
+        step = dict(step, reward=np.float32(10) * step["reward"] + np.float32(3))
+        state = buffer.add(state, step)
+    state = buffer.finish(state, np.ones(N, np.float32))
+    batch = buffer.minibatches(state, jax.random.key(2), num_minibatches=3)
+    valid = np.asarray(batch.valid)
+    advantages = np.asarray(batch.advantages)[valid]
+    assert valid.sum() == 5 * N
+    np.testing.assert_allclose(advantages.mean(), 0.0, atol=1e-5)
+    np.testing.assert_allclose(advantages.std(), 1.0, rtol=1e-4)
+    assert not np.asarray(batch.advantages)[~valid].any()
