@@ -70,14 +70,14 @@ class Impl:
 def implementations() -> dict[str, list[Impl]]:
     import flashbax as fbx
 
-    ours_items = jaxbuf.make_prioritized_replay_buffer(CAPACITY, BATCH, priority_exponent=0.6)
+    ours_items = jaxbuf.make_replay_buffer(CAPACITY, BATCH, sampler=jaxbuf.prioritized(0.6))
     theirs_items = fbx.make_prioritised_flat_buffer(
         max_length=CAPACITY, min_length=2, sample_batch_size=BATCH, add_batch_size=ADD_BATCH,
         priority_exponent=0.6, device="cpu",
     )  # fmt: skip
     per_env = CAPACITY // NUM_ENVS
-    ours_seq = jaxbuf.make_prioritized_trajectory_buffer(
-        NUM_ENVS, per_env, BATCH, LENGTH, priority_exponent=0.6
+    ours_seq = jaxbuf.make_trajectory_buffer(
+        NUM_ENVS, per_env, BATCH, LENGTH, sampler=jaxbuf.prioritized(0.6)
     )
     theirs_seq = fbx.make_prioritised_trajectory_buffer(
         add_batch_size=NUM_ENVS, sample_batch_size=BATCH, sample_sequence_length=LENGTH,

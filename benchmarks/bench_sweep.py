@@ -20,8 +20,8 @@ called as their users call them. The donation rows time jaxbuf's replay `add`
 jitted without `donate_argnums`: XLA then copies the whole storage per call.
 Memory is the bytes of a state (or the peer's arrays) per stored item, over the
 bytes of one item; cpprb does not expose its arrays, so its figure is their
-nominal size (one array per field), not a measurement. All implementations of a case take turns in every timed
-round; read the ratios.
+nominal size (one array per field), not a measurement. All implementations of a case take
+turns in every timed round; read the ratios.
 
 Run: `python benchmarks/bench_sweep.py [--quick] [--out benchmarks/results]`.
 """
@@ -155,7 +155,7 @@ def cases(kind: str, capacity: int, batch: int) -> dict:
     if kind == "prioritized":
         return {
             "jaxbuf": lambda: JaxCase(
-                jaxbuf.make_prioritized_replay_buffer(capacity, batch), flat, step
+                jaxbuf.make_replay_buffer(capacity, batch, sampler=jaxbuf.prioritized()), flat, step
             ),
             "flashbax": lambda: JaxCase(
                 fbx.make_prioritised_item_buffer(capacity, 1, batch, add_batches=True), flat, step

@@ -72,7 +72,7 @@ class Impl:
         return self.buffer.add_step(state, jax.tree.map(lambda x: x[:, 0], step))
 
     def sample(self, state, key):
-        batch = self.buffer.sample(state, key)
+        batch = self.buffer.sample(state, key).experience
         return batch.reward.sum() + batch.obs[:, 0].sum() + batch.next_obs[:, 0].sum()
 
     def full_state(self):

@@ -23,13 +23,14 @@ import hashlib
 import json
 import os
 import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
 
-from jaxbuf._access import steps_of
+from jaxbuf._types import Config
 from jaxbuf._version import __version__
 
 FORMAT = "jaxbuf-checkpoint"
@@ -45,9 +46,11 @@ def _leaves(state: Any) -> dict[str, dict]:
 
 
 def _plain(value: Any) -> Any:
-    """A configuration record as nested dicts (JSON would turn a NamedTuple into a list)."""
-    if hasattr(value, "_asdict"):
-        return {key: _plain(item) for key, item in value._asdict().items()}
+    """A configuration value as JSON data; a callable (a `done_fn`) by its name."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if callable(value):
+        return f"<{getattr(value, '__qualname__', type(value).__name__)}>"
     return value
 
 
@@ -56,12 +59,9 @@ def _describe(buffer: Any) -> tuple[str | None, dict | None]:
     if buffer is None:
         return None, None
     config = getattr(buffer, "config", None)
-    if config is None or not hasattr(config, "_asdict"):
+    if not isinstance(config, Config):
         raise TypeError(f"buffer must be a jaxbuf buffer, got {type(buffer).__name__}.")
-    described = _plain(config)
-    if hasattr(buffer, "num_buffers"):
-        described["num_buffers"] = buffer.num_buffers
-    return type(buffer).__name__, described
+    return config.kind, _plain(config)
 
 
 def write_atomic(path: pathlib.Path, data: bytes) -> None:
@@ -119,7 +119,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     data = serialization.to_bytes(host)
     digest = hashlib.sha256(data).hexdigest()
     kind, config = _describe(buffer)
-    size = getattr(steps_of(host), "size", None)
+    size = getattr(host, "size", None)
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -168,7 +168,7 @@ def load_metadata(path: str | os.PathLike) -> dict:
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
       >>> metadata = jaxbuf.load_metadata(jaxbuf.save(tempfile.mkdtemp() + "/c", state, buffer))
       >>> metadata["kind"], metadata["config"]["capacity"], metadata["size"]
-      ('ReplayBuffer', 8, 3)
+      ('replay', 8, 3)
       >>> metadata["leaves"][".experience['x']"]
       {'shape': [8], 'dtype': 'float32'}
     """

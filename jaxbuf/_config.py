@@ -9,30 +9,26 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from jaxbuf._prioritized import make_prioritized_replay_buffer
-from jaxbuf._prioritized_steps import (
-    make_prioritized_trajectory_buffer,
-    make_prioritized_transition_buffer,
-)
+from jaxbuf._buffers import DoneKey
+from jaxbuf._episode import make_episode_buffer
 from jaxbuf._queue import make_queue
 from jaxbuf._replay import make_replay_buffer
 from jaxbuf._rollout import make_rollout_buffer
+from jaxbuf._samplers import prioritized, uniform
 from jaxbuf._trajectory import make_trajectory_buffer
 from jaxbuf._transition import make_transition_buffer
 from jaxbuf._vectorize import vectorize
 
-#: The buffer kinds a configuration can name, and the factory each one calls.
-#: (The episode buffer needs a `done_fn`, which no configuration file can hold.)
-KINDS = {
-    "prioritized_replay": make_prioritized_replay_buffer,
-    "prioritized_trajectory": make_prioritized_trajectory_buffer,
-    "prioritized_transition": make_prioritized_transition_buffer,
+#: The factory of each `kind` a configuration can name (`buffer.config.kind`).
+FACTORIES = {
+    "episode": make_episode_buffer,
     "queue": make_queue,
     "replay": make_replay_buffer,
     "rollout": make_rollout_buffer,
     "trajectory": make_trajectory_buffer,
     "transition": make_transition_buffer,
 }
+SAMPLERS = {"prioritized": prioritized, "uniform": uniform}
 
 
 def _schema(factory) -> tuple[list[str], list[str]]:
@@ -60,15 +56,52 @@ def _read(path: pathlib.Path) -> Any:
     )
 
 
-def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike):
+def _named(table: dict, what: str, options: dict) -> tuple[str, Any]:
+    kind = options.pop("kind", None)
+    if not isinstance(kind, str) or kind not in table:
+        raise ValueError(f"{what}['kind'] must be one of {sorted(table)}, got {kind!r}.")
+    return kind, table[kind]
+
+
+def _check_keys(kind: str, factory: Any, options: dict, extra: tuple[str, ...]) -> None:
+    required, allowed = _schema(factory)
+    unknown = sorted(set(options) - set(allowed) - set(extra), key=str)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {unknown} in the {kind!r} configuration; it takes "
+            f"{allowed + list(extra)}."
+        )
+    given = set(options) | ({"done_fn"} if "done_key" in options else set())
+    missing = [name for name in required if name not in given]
+    if missing:
+        raise ValueError(f"the {kind!r} configuration lacks the required key(s) {missing}.")
+
+
+def _sampler(options: dict) -> dict:
+    if "sampler" not in options:
+        return {}
+    config = options.pop("sampler")
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config['sampler'] is a mapping, got {type(config).__name__}.")
+    config = dict(config)
+    name, factory = _named(SAMPLERS, "config['sampler']", config)
+    _check_keys(f"{name} sampler", factory, config, ())
+    return {"sampler": factory(**config)}
+
+
+def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     """Builds a buffer from a configuration dict or file, validated.
 
-    The configuration names the `kind` (`"prioritized_replay"`,
-    `"prioritized_trajectory"`, `"prioritized_transition"`, `"queue"`, `"replay"`,
-    `"rollout"`, `"trajectory"` or `"transition"`) and the keyword arguments of its factory
-    (`make_queue`, `make_replay_buffer`, ...); a replay configuration may add `num_buffers` to get
-    `vectorize(buffer, num_buffers)`. Values are checked by the factory, whose
-    errors name the argument; keys are checked here.
+    A configuration is what a buffer's `config` holds: the `kind` (`"replay"`,
+    `"trajectory"`, `"transition"`, `"episode"`, `"queue"` or `"rollout"`), the
+    keyword arguments of its factory (`make_replay_buffer`, ...), for sampled
+    kinds an optional `"sampler": {"kind": "uniform" | "prioritized", ...}` with
+    the arguments of `jaxbuf.uniform` or `jaxbuf.prioritized`, and for kinds
+    with a `done_fn` a `"done_key"`: the `/`-separated path of the bool leaf of
+    a step that ends an episode (the file form of `done_fn`). A replay
+    configuration may add `num_buffers` to get `vectorize(buffer, num_buffers)`.
+    Values are checked by the factories, whose errors name the argument; keys
+    are checked here. `buffer_from_config(buffer.config)` rebuilds a buffer.
 
     Args:
       config: a mapping, or the path of a `.json`, `.toml`, `.yaml` or `.yml`
@@ -84,30 +117,26 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike):
 
     Example:
       >>> import jaxbuf
-      >>> buffer = jaxbuf.buffer_from_config(
-      ...     {"kind": "replay", "capacity": 10_000, "sample_batch_size": 64, "num_buffers": 4})
-      >>> type(buffer).__name__, buffer.num_buffers, buffer.config.capacity
-      ('VectorizedReplayBuffer', 4, 10000)
+      >>> buffer = jaxbuf.buffer_from_config({"kind": "trajectory", "num_envs": 4,
+      ...     "capacity": 1000, "sample_batch_size": 32, "sequence_length": 8,
+      ...     "done_key": "done", "sampler": {"kind": "prioritized", "priority_exponent": 0.7}})
+      >>> buffer.config.sampler.priority_exponent, buffer.config.done_key
+      (0.7, 'done')
     """
     if isinstance(config, (str, os.PathLike)):
         config = _read(pathlib.Path(config))
     if not isinstance(config, Mapping):
         raise TypeError(f"a buffer configuration is a mapping, got {type(config).__name__}.")
-    options = dict(config)
-    kind = options.pop("kind", None)
-    if kind not in KINDS:
-        raise ValueError(f"config['kind'] must be one of {sorted(KINDS)}, got {kind!r}.")
-    num_buffers = options.pop("num_buffers", None) if kind == "replay" else None
-    required, allowed = _schema(KINDS[kind])
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {unknown} in the {kind!r} configuration; it takes {allowed}"
-            + (" and num_buffers" if kind == "replay" else "")
-            + "."
-        )
-    missing = [name for name in required if name not in options]
-    if missing:
-        raise ValueError(f"the {kind!r} configuration lacks the required key(s) {missing}.")
-    buffer = KINDS[kind](**options)
+    options = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in config.items()}
+    kind, factory = _named(FACTORIES, "config", options)
+    extra = ("num_buffers",) if kind == "replay" else ()
+    if "done_fn" in inspect.signature(factory).parameters:
+        extra += ("done_key",)
+    _check_keys(kind, factory, options, extra)
+    num_buffers = options.pop("num_buffers", None)
+    done_key = options.pop("done_key", None)
+    if done_key is not None:
+        options["done_fn"] = DoneKey(done_key)
+    sampler = _sampler(options)
+    buffer = factory(**options, **sampler)
     return buffer if num_buffers is None else vectorize(buffer, num_buffers)

@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _checkpoint, _export, _replay, _ring, _validation
+from jaxbuf import _checkpoint, _config, _export, _storage, _validation
+from jaxbuf._storage import RingState
+from jaxbuf._types import Buffer
 
 INDEX = "dataset.json"
 FORMAT = "jaxbuf-dataset"
@@ -111,12 +113,12 @@ class DatasetWriter:
     def __init__(
         self,
         path: str | os.PathLike,
-        state: _replay.ReplayBufferState,
+        state: RingState,
         *,
         include_stored: bool = False,
         chunk_items: int = 4096,
     ):
-        if not isinstance(state, _replay.ReplayBufferState) or np.ndim(state.size) != 0:
+        if not isinstance(state, RingState) or np.ndim(state.size) != 0:
             raise TypeError("DatasetWriter follows one (not vectorized) replay buffer state.")
         self.path = pathlib.Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -145,13 +147,13 @@ class DatasetWriter:
         """The number of items appended so far (durable after `flush`)."""
         return self._length
 
-    def append(self, state: _replay.ReplayBufferState) -> int:
+    def append(self, state: RingState) -> int:
         """Writes the items added to `state` since the previous append; returns how many.
 
         Blocks only for copying those items from the device; the disk writes
         continue in the background until `flush`.
         """
-        capacity = _ring.capacity_of(state.experience)
+        capacity = _storage.capacity_of(state.experience)
         added = int(state.added)
         new = (added - self._seen) % 2**32
         if new > capacity:
@@ -234,12 +236,12 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
 
 def dataset_to_state(
     path: str | os.PathLike,
-    buffer: _replay.ReplayBuffer,
+    buffer: Buffer,
     start: int = 0,
     stop: int | None = None,
     *,
     truncate_ok: bool = False,
-) -> _replay.ReplayBufferState:
+) -> RingState:
     """Loads items `[start, stop)` of a dataset into a state of `buffer`, in order.
 
     Args:
@@ -267,5 +269,6 @@ def dataset_to_state(
     spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
     state = buffer.init(spec)
     (count,) = _validation.check_batch(spec, data, [("N", None)], what="the dataset")
-    _replay.check_fits(count, buffer.config.capacity, truncate_ok, "the dataset range")
-    return _replay.append(state, data)
+    _storage.check_fits(count, buffer.config.capacity, truncate_ok, "the dataset range")
+    filler = _config.buffer_from_config({**buffer.config, "truncate_ok": True})
+    return filler.add(state, data)

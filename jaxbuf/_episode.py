@@ -11,156 +11,197 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _replay, _ring, _sampling, _trajectory, _validation
-
-PyTree = Any
+from jaxbuf import _buffers, _storage, _trajectory, _validation
+from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._storage import TimeRingState
+from jaxbuf._types import Buffer, PyTree
 
 
 @struct.dataclass
-class EpisodeBufferState:
-    """State of an episode buffer.
+class EpisodeRecords:
+    """An episode buffer's side ring: one record per complete stored episode.
 
     Attributes:
-      storage: the trajectory storage of the steps, leaves `[num_envs, capacity, ...]`.
-      episode_start: uint32 `[num_envs, K]`, the step number (`storage.added` when
-        it was added) of each recorded episode's first step.
-      episode_length: int32 `[num_envs, K]`, each recorded episode's length.
-      next_slot: int32 `[num_envs]`, the record slot written next.
-      filled: int32 `[num_envs]`, the complete episodes still stored, which are the
-        newest `filled` records.
-      open_start: uint32 `[num_envs]`, the step number where the unfinished episode
-        began.
+      first_step: uint32 `[num_envs, K]`, the step number (the storage's `added`
+        when it was added) of each recorded episode's first step.
+      length: int32 `[num_envs, K]`, each recorded episode's length.
+      position: int32 `[num_envs]`, the record slot written next.
+      size: int32 `[num_envs]`, the complete episodes still stored, which are the
+        newest `size` records.
+      open_start: uint32 `[num_envs]`, the step number where the unfinished
+        episode began.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
       ...     done_fn=lambda step: step["done"])
       >>> state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
-      >>> state.storage.experience["t"].shape
-      (1, 16)
+      >>> state.experience["t"].shape, state.side.first_step.shape
+      ((1, 16), (1, 16))
     """
 
-    storage: _trajectory.TrajectoryBufferState
-    episode_start: jax.Array
-    episode_length: jax.Array
-    next_slot: jax.Array
-    filled: jax.Array
-    open_start: jax.Array
-
-
-@struct.dataclass
-class EpisodeSample:
-    """A batch of whole episodes, padded with zeros to `max_length` steps.
-
-    Attributes:
-      experience: leaves `[sample_batch_size, max_length, *step_shape]`; steps past
-        an episode's end are zeros.
-      mask: bool `[sample_batch_size, max_length]`, true on the episode's steps.
-      length: int32 `[sample_batch_size]`, each episode's full length; where it
-        exceeds `max_length`, `experience` holds its first `max_length` steps.
-      env_indices: int32 `[sample_batch_size]`, the environment of each episode.
-      time_indices: int32 `[sample_batch_size]`, the storage time index of its first step.
-      valid: bool `[sample_batch_size]`, false while the buffer cannot sample.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
-      ...     done_fn=lambda step: step["done"])
-      >>> state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
-      >>> steps = {"t": jnp.arange(3, dtype=jnp.int32)[None], "done": jnp.array([[False, False,
-      ...     True]])}
-      >>> batch = buffer.sample(buffer.add(state, steps), jax.random.key(0))
-      >>> batch.experience["t"].shape, batch.mask.tolist(), batch.length.tolist()
-      ((2, 4), [[True, True, True, False], [True, True, True, False]], [3, 3])
-    """
-
-    experience: PyTree
-    mask: jax.Array
+    first_step: jax.Array
     length: jax.Array
-    env_indices: jax.Array
-    time_indices: jax.Array
-    valid: jax.Array
-
-
-class EpisodeBufferConfig(NamedTuple):
-    """The validated configuration of an episode buffer.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
-      ...     done_fn=lambda step: step["done"]).config
-      EpisodeBufferConfig(num_envs=1, capacity=16, sample_batch_size=2, max_length=4,
-      min_episodes=1, min_episode_length=1, max_records=16)
-    """
-
-    num_envs: int
-    capacity: int
-    sample_batch_size: int
-    max_length: int
-    min_episodes: int
-    min_episode_length: int
-    max_records: int
-
-
-class EpisodeBuffer(NamedTuple):
-    """The pure functions of an episode buffer, and its configuration.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
-      ...     done_fn=lambda step: step["done"])
-      >>> buffer._fields
-      ('init', 'add', 'add_step', 'sample', 'can_sample', 'config')
-    """
-
-    init: Any
-    add: Any
-    add_step: Any
-    sample: Any
-    can_sample: Any
-    config: EpisodeBufferConfig
+    position: jax.Array
+    size: jax.Array
+    open_start: jax.Array
 
 
 def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes, min_episode_length):
     check = _validation.check_int
-    capacity = check("capacity", capacity, maximum=_replay.MAX_CAPACITY)
+    capacity = check("capacity", capacity, maximum=_storage.MAX_CAPACITY)
     min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
-    config = EpisodeBufferConfig(
-        num_envs=check("num_envs", num_envs),
-        capacity=capacity,
-        sample_batch_size=check("sample_batch_size", sample_batch_size),
-        max_length=check("max_length", max_length, maximum=capacity),
-        min_episodes=check("min_episodes", min_episodes),
-        min_episode_length=min_episode_length,
-        max_records=math.ceil(capacity / min_episode_length),
-    )
-    if config.min_episodes > config.num_envs * config.max_records:
+    config = {
+        "num_envs": check("num_envs", num_envs),
+        "capacity": capacity,
+        "sample_batch_size": check("sample_batch_size", sample_batch_size),
+        "max_length": check("max_length", max_length, maximum=capacity),
+        "min_episodes": check("min_episodes", min_episodes),
+        "min_episode_length": min_episode_length,
+    }
+    most = config["num_envs"] * math.ceil(capacity / min_episode_length)
+    if config["min_episodes"] > most:
         raise ValueError(
-            f"min_episodes={config.min_episodes} exceeds the most complete episodes the "
-            f"buffer can hold, num_envs * ceil(capacity / min_episode_length) = "
-            f"{config.num_envs * config.max_records}."
+            f"min_episodes={config['min_episodes']} exceeds the most complete episodes the "
+            f"buffer can hold, num_envs * ceil(capacity / min_episode_length) = {most}."
         )
     return config
 
 
-def _first_stored(state: EpisodeBufferState, filled: jax.Array) -> jax.Array:
-    """Per environment, how many of the `filled` newest records start before the oldest
+def _first_stored(state: TimeRingState, records: EpisodeRecords, size) -> jax.Array:
+    """Per environment, how many of the `size` newest records start before the oldest
     stored step (a binary search: records are in time order, oldest first)."""
-    storage, k = state.storage, state.episode_start.shape[1]
-    lo, hi = jnp.zeros_like(filled), filled
+    k = records.first_step.shape[1]
+    lo, hi = jnp.zeros_like(size), size
     for _ in range(k.bit_length()):
         mid = (lo + hi) // 2
-        slot = (state.next_slot - filled + mid) % k
-        start = jnp.take_along_axis(state.episode_start, slot[:, None], axis=1)[:, 0]
-        stored = (storage.added - start <= storage.size.astype(jnp.uint32)) | (lo == hi)
+        slot = (records.position - size + mid) % k
+        start = jnp.take_along_axis(records.first_step, slot[:, None], axis=1)[:, 0]
+        stored = (state.added - start <= state.size.astype(jnp.uint32)) | (lo == hi)
         lo, hi = jnp.where(stored, lo, mid + 1), jnp.where(stored, mid, hi)
     return lo
+
+
+def _record(before: TimeRingState, done: jax.Array, capacity: int) -> EpisodeRecords:
+    """Appends a record per episode end in `done` `[N, T]` (the steps just added)."""
+    records = before.side
+    t = jnp.arange(done.shape[1], dtype=jnp.int32)
+    numbers = before.added + jnp.broadcast_to(t.astype(jnp.uint32), done.shape)
+    # The first step of each step's episode: the step after the previous end in
+    # this chunk, else the open episode's first step (wrap-safe in uint32).
+    last_end = jax.lax.cummax(jnp.where(done, t[None, :], -1), axis=1)  # [N, T], inclusive
+    previous = jnp.pad(last_end, ((0, 0), (1, 0)), constant_values=-1)  # [N, T + 1]
+    starts = jnp.where(
+        previous >= 0, before.added + (previous + 1).astype(jnp.uint32), records.open_start[:, None]
+    )
+    lengths = jnp.minimum(numbers - starts[:, :-1] + 1, jnp.uint32(capacity + 1))
+    (first_step, length), position, size, _ = _storage.push_where(
+        (records.first_step, records.length), records.position, records.size, done,
+        (starts[:, :-1], lengths.astype(jnp.int32)),
+    )  # fmt: skip
+    return EpisodeRecords(first_step, length, position, size, open_start=starts[:, -1])
+
+
+def _changes(before: EpisodeRecords, after: EpisodeRecords, pushed, written: int) -> Changes:
+    """Record slots `env * K + slot` that stopped being drawable (the oldest of the
+    old and pushed records that are not kept; -1 pads) and started (the pushed
+    records that are kept).
+
+    An add of `T` steps removes at most `T` old records whose first step it
+    overwrote, one new record that began before them, and `T` pushed out of the
+    ring by new ones, so `2T + 1` candidates suffice.
+    """
+    num_envs, k = before.first_step.shape
+    base = (jnp.arange(num_envs, dtype=jnp.int32) * k)[:, None]
+    removed = (before.size + pushed - after.size)[:, None]
+    j = jnp.arange(min(k, 2 * written + 1), dtype=jnp.int32)[None, :]
+    oldest = (before.position - before.size)[:, None]
+    cleared = jnp.where(j < removed, base + (oldest + j) % k, -1)
+    new = jnp.minimum(pushed, k)[:, None]
+    i = jnp.arange(min(k, written), dtype=jnp.int32)[None, :]
+    keep = (i < new) & (new - i <= after.size[:, None])
+    filled = base + (after.position[:, None] - new + i) % k
+    return Changes(cleared=cleared.ravel(), filled=filled.ravel(), keep=keep.ravel())
+
+
+def _writer(num_envs: int, capacity: int, done_fn):
+    write_steps = _trajectory.step_writer(num_envs, capacity)
+
+    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, Changes]:
+        after, written = write_steps(state, steps)  # validates `steps`
+        done = _trajectory.apply_done_fn(done_fn, steps)  # [N, T]
+        records = _record(state, done, capacity)
+        records = records.replace(size=records.size - _first_stored(after, records, records.size))
+        pushed = done.sum(axis=1, dtype=jnp.int32)
+        changes = _changes(state.side, records, pushed, written)
+        return after.replace(side=records), changes
+
+    return write
+
+
+def _init(num_envs: int, capacity: int, k: int):
+    def init(example_step: PyTree) -> TimeRingState:
+        per_env = jnp.zeros(num_envs, jnp.int32)
+        side = EpisodeRecords(
+            first_step=jnp.zeros((num_envs, k), jnp.uint32),
+            length=jnp.zeros((num_envs, k), jnp.int32),
+            position=per_env,
+            size=jnp.zeros(num_envs, jnp.int32),
+            open_start=jnp.zeros(num_envs, jnp.uint32),
+        )
+        return _trajectory.init_steps(num_envs, capacity)(example_step).replace(side=side)
+
+    return init
+
+
+def _padded(state: TimeRingState, slots: jax.Array, k: int, max_length: int):
+    """The episodes of record slots `env * K + slot`, padded with zeros: `(experience,
+    mask, length)`."""
+    capacity = _storage.capacity_of(state.experience, 1)
+    envs, slot = jnp.divmod(slots, k)
+    records = state.side
+    age = (state.added - records.first_step[envs, slot]).astype(jnp.int32)
+    times = _buffers.window_times((state.position - age) % capacity, max_length, capacity)
+    length = records.length[envs, slot]
+    mask = jnp.arange(max_length, dtype=jnp.int32)[None, :] < length[:, None]
+
+    def gather(x: jax.Array) -> jax.Array:
+        window = x.at[envs[:, None], times].get(mode="promise_in_bounds")
+        keep = mask.reshape(*mask.shape, *[1] * (window.ndim - 2))
+        return jnp.where(keep, window, jnp.zeros((), x.dtype))
+
+    return jax.tree.map(gather, state.experience), mask, length
+
+
+def _kind(config: dict, done_fn) -> _buffers.Kind:
+    num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
+    k = math.ceil(capacity / min_episode_length)
+
+    def slot(state, env, member):
+        return env * k + (state.side.position[env] - state.side.size[env] + member) % k
+
+    def usable(state, slots):
+        envs, slot = jnp.divmod(slots, k)
+        rank = (slot - (state.side.position[envs] - state.side.size[envs])) % k
+        return rank < state.side.size[envs]
+
+    return _buffers.Kind(
+        init=_init(num_envs, capacity, k),
+        write=_writer(num_envs, capacity, done_fn),
+        num_slots=num_envs * k,
+        groups=num_envs,
+        counts=lambda state: state.side.size,
+        slot=slot,
+        usable=usable,
+        expand=lambda state, slots: _padded(state, slots, k, max_length),
+        ready=lambda state: state.side.size.sum() >= min_episodes,
+        one_step=_trajectory.one_step(num_envs),
+    )
 
 
 def make_episode_buffer(
@@ -172,7 +213,8 @@ def make_episode_buffer(
     done_fn: Callable[[PyTree], jax.Array],
     min_episodes: int = 1,
     min_episode_length: int = 1,
-) -> EpisodeBuffer:
+    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
 
     An episode is the steps of one environment up to and including a step where
@@ -219,83 +261,8 @@ def make_episode_buffer(
     )
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-    steps_buffer = _trajectory.make_trajectory_buffer(
-        config.num_envs, config.capacity, config.sample_batch_size, 1
-    )
-    records = (config.num_envs, config.max_records)
-
-    def init(example_step: PyTree) -> EpisodeBufferState:
-        return EpisodeBufferState(
-            storage=steps_buffer.init(example_step),
-            episode_start=jnp.zeros(records, jnp.uint32),
-            episode_length=jnp.zeros(records, jnp.int32),
-            next_slot=jnp.zeros(config.num_envs, jnp.int32),
-            filled=jnp.zeros(config.num_envs, jnp.int32),
-            open_start=jnp.zeros(config.num_envs, jnp.uint32),
-        )
-
-    def add(state: EpisodeBufferState, steps: PyTree) -> EpisodeBufferState:
-        storage = steps_buffer.add(state.storage, steps)  # validates `steps`
-        done = _trajectory.apply_done_fn(done_fn, steps)  # [N, T]
-        t = jnp.arange(done.shape[1], dtype=jnp.int32)
-        numbers = state.storage.added + jnp.broadcast_to(t.astype(jnp.uint32), done.shape)
-        # The first step of each step's episode: the step after the previous end in
-        # this chunk, else the open episode's first step (wrap-safe in uint32).
-        last_end = jax.lax.cummax(jnp.where(done, t[None, :], -1), axis=1)  # [N, T], inclusive
-        previous = jnp.pad(last_end, ((0, 0), (1, 0)), constant_values=-1)  # [N, T + 1]
-        starts = jnp.where(
-            previous >= 0,
-            state.storage.added + (previous + 1).astype(jnp.uint32),
-            state.open_start[:, None],
-        )
-        lengths = jnp.minimum(numbers - starts[:, :-1] + 1, jnp.uint32(config.capacity + 1))
-        (episode_start, episode_length), next_slot, filled, _ = _ring.push_where(
-            (state.episode_start, state.episode_length),
-            state.next_slot,
-            state.filled,
-            done,
-            (starts[:, :-1], lengths.astype(jnp.int32)),
-        )
-        state = state.replace(
-            storage=storage,
-            episode_start=episode_start,
-            episode_length=episode_length,
-            next_slot=next_slot,
-            open_start=starts[:, -1],
-        )
-        return state.replace(filled=filled - _first_stored(state, filled))
-
-    def add_step(state: EpisodeBufferState, step: PyTree) -> EpisodeBufferState:
-        spec = _replay.storage_spec(state.storage.experience, 1)
-        return add(state, _trajectory.one_step(spec, step, config.num_envs))
-
-    def can_sample(state: EpisodeBufferState) -> jax.Array:
-        return state.filled.sum() >= config.min_episodes
-
-    def sample(state: EpisodeBufferState, key: jax.Array) -> EpisodeSample:
-        storage, k = state.storage, config.max_records
-        words = _sampling.random_words(key, config.sample_batch_size)
-        envs, member = _sampling.uniform_in_groups(words, state.filled)
-        slot = (state.next_slot[envs] - state.filled[envs] + member) % k
-        age = (storage.added - state.episode_start[envs, slot]).astype(jnp.int32)
-        starts = (storage.position - age) % config.capacity
-        length = state.episode_length[envs, slot]
-        steps = jnp.arange(config.max_length, dtype=jnp.int32)
-        times = (starts[:, None] + steps[None, :]) % config.capacity
-        mask = steps[None, :] < length[:, None]
-
-        def gather(x: jax.Array) -> jax.Array:
-            window = x.at[envs[:, None], times].get(mode="promise_in_bounds")
-            keep = mask.reshape(*mask.shape, *[1] * (window.ndim - 2))
-            return jnp.where(keep, window, jnp.zeros((), x.dtype))
-
-        return EpisodeSample(
-            experience=jax.tree.map(gather, storage.experience),
-            mask=mask,
-            length=length,
-            env_indices=envs,
-            time_indices=starts,
-            valid=jnp.broadcast_to(can_sample(state), (config.sample_batch_size,)),
-        )
-
-    return EpisodeBuffer(init, add, add_step, sample, can_sample, config)
+    sampler = _buffers.check_sampler(sampler)
+    return _buffers.assemble(
+        _kind(config, done_fn), sampler, config["sample_batch_size"], kind="episode",
+        **config, **_buffers.done_config(done_fn),
+    )  # fmt: skip

@@ -10,12 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbuf._access import steps_of
-from jaxbuf._replay import ReplayBufferState
-from jaxbuf._rollout import RolloutBufferState
-from jaxbuf._trajectory import TrajectoryBufferState
-
-PyTree = Any
+from jaxbuf._types import PyTree
 
 
 def column_name(path: tuple) -> str:
@@ -39,20 +34,20 @@ def _columns(tree: PyTree) -> dict[str, np.ndarray]:
 def stored_items(state: Any) -> dict[str, np.ndarray]:
     """The valid stored items of a state, in storage order, as NumPy columns.
 
-    - A replay state gives rows `[0, size)` of every leaf; a vectorized replay
-      state gives each buffer's rows in turn, with `buffer` and `row` columns.
+    - A replay state gives rows `[0, size)` of every leaf; a vectorized state
+      gives each buffer's rows in turn, with `buffer` and `row` columns; a queue
+      its queued items, oldest first.
     - A rollout state gives steps `[0, size)` time-major (time, then
       environment), with `time`, `env`, `advantage` and `return` columns.
     - A trajectory, transition or episode state gives its stored steps,
       environment after environment, each oldest first, with `env` and `time`
       (0 for the oldest stored step) columns. A transition state's final
-      observations stay in `state.final_obs`.
+      observations stay in `state.side.experience`.
 
     Column names are the leaf paths joined by `/` (`obs`, `extras/mask`).
 
     Args:
-      state: a `ReplayBufferState` (single or vectorized), `RolloutBufferState`,
-        or a trajectory, transition or episode state.
+      state: the state of any jaxbuf buffer.
 
     Returns:
       A dict of arrays with a common leading axis.
@@ -65,29 +60,10 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
       [0.0, 1.0, 2.0]
     """
     host = jax.device_get(state)
-    if isinstance(host, ReplayBufferState):
-        size = np.asarray(host.size)
-        columns = _columns(host.experience)
-        if size.ndim == 0:
-            return {k: v[: int(size)] for k, v in columns.items()}
-        which = np.concatenate([np.full(n, b, np.int32) for b, n in enumerate(size)])
-        rows = np.concatenate([np.arange(n, dtype=np.int32) for n in size])
-        return {"buffer": which, "row": rows, **{k: v[which, rows] for k, v in columns.items()}}
-    if isinstance(host, RolloutBufferState):
-        size = int(host.size)
-        num_envs = host.advantages.shape[1]
-        columns = _columns(host.steps) | {"advantage": host.advantages, "return": host.returns}
-        flat = {k: v[:size].reshape(size * num_envs, *v.shape[2:]) for k, v in columns.items()}
-        time, env = np.divmod(np.arange(size * num_envs, dtype=np.int32), num_envs)
-        return {"time": time, "env": env, **flat}
-    host = steps_of(host)
-    if isinstance(host, TrajectoryBufferState):
-        size, columns = int(host.size), _columns(host.experience)
-        num_envs, capacity = next(iter(columns.values())).shape[:2]
-        env, time = np.divmod(np.arange(num_envs * size, dtype=np.int32), max(size, 1))
-        rows = (int(host.position) - size + time) % capacity
-        return {"env": env, "time": time, **{k: v[env, rows] for k, v in columns.items()}}
-    raise TypeError(f"stored_items takes a jaxbuf buffer state, got {type(state).__name__}.")
+    if not hasattr(host, "stored_rows"):
+        raise TypeError(f"stored_items takes a jaxbuf buffer state, got {type(state).__name__}.")
+    labels, index, tree = host.stored_rows()
+    return {**labels, **{k: v[index] for k, v in _columns(tree).items()}}
 
 
 def _write_csv(path: pathlib.Path, columns: dict[str, np.ndarray]) -> None:

@@ -8,37 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from jaxbuf import _validation
-
-PyTree = Any
-
-
-@struct.dataclass
-class MixedSample:
-    """A batch drawn from several buffers.
-
-    Attributes:
-      experience: leaves `[sample_batch_size, *item_shape]`, the items of buffer 0
-        first, then buffer 1, and so on.
-      sources: int32 `[sample_batch_size]`, the buffer each item came from.
-      valid: bool `[sample_batch_size]`, each item's `valid` flag from its buffer.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> offline, online = jaxbuf.make_replay_buffer(10, 2), jaxbuf.make_replay_buffer(10, 2)
-      >>> sample = jaxbuf.mix([offline, online], [0.5, 0.5], sample_batch_size=2)
-      >>> states = [b.add(b.init(jnp.float32(0)), jnp.full(3, v)) for b, v in [(offline, 1.0),
-      ...     (online, 2.0)]]
-      >>> batch = sample(states, jax.random.key(0))
-      >>> batch.experience.tolist(), batch.sources.tolist(), batch.valid.tolist()
-      ([1.0, 2.0], [0, 1], [True, True])
-    """
-
-    experience: PyTree
-    sources: jax.Array
-    valid: jax.Array
+from jaxbuf._types import Sample
 
 
 def _counts(proportions: Sequence[float], total: int) -> list[int]:
@@ -58,15 +30,18 @@ def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size:
     `sample`; it must be configured to sample at least that many.
 
     Args:
-      buffers: buffers made by jaxbuf factories whose `sample` returns
-        `experience` and `valid` (replay buffers, vectorized or not); their items
-        must share one structure.
+      buffers: sampled buffers (any kind and sampler, vectorized or not) whose
+        items share one structure (n-step transitions from a transition buffer
+        mix with each other).
       proportions: non-negative weights, one per buffer, not all zero.
       sample_batch_size: items per mixed batch.
 
     Returns:
-      `sample(states, key) -> MixedSample`, with `states` a sequence of the
-      buffers' states.
+      `sample(states, key) -> Sample`, with `states` a sequence of the buffers'
+      states: the items of buffer 0 first, then buffer 1, and so on; `source` is
+      the buffer of each item and `indices` its index in that buffer. A field
+      that only some buffers fill is None, but for `weights`, which is 1 for the
+      valid items of buffers without importance weights.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -76,7 +51,7 @@ def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size:
       >>> states = [b.add(b.init(jnp.float32(0)), jnp.full(5, v)) for b, v in
       ...           [(offline, 1.0), (online, 2.0)]]
       >>> batch = jax.jit(sample)(states, jax.random.key(0))
-      >>> batch.experience.tolist(), batch.sources.tolist()
+      >>> batch.experience.tolist(), batch.source.tolist()
       ([1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [0, 0, 1, 1, 1, 1, 1, 1])
     """
     buffers = list(buffers)
@@ -99,9 +74,8 @@ def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size:
                 f"buffers[{index}] samples {available} items per call, but its share of the "
                 f"mixed batch is {count}: configure it with sample_batch_size >= {count}."
             )
-    sources = np.repeat(np.arange(len(buffers), dtype=np.int32), counts)
 
-    def sample(states: Sequence[Any], key: jax.Array) -> MixedSample:
+    def sample(states: Sequence[Any], key: jax.Array) -> Sample:
         if len(states) != len(buffers):
             raise ValueError(
                 f"sample needs {len(buffers)} states, one per buffer, got {len(states)}."
@@ -115,12 +89,24 @@ def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size:
             _validation.check_batch(
                 first, part.experience, [("batch", None)], what=f"buffers[{index}]'s items"
             )
-        taken = [
-            jax.tree.map(lambda x, n=n: x[:n], p.experience)
-            for p, n in zip(parts, counts, strict=True)
-        ]
-        valid = jnp.concatenate([p.valid[:n] for p, n in zip(parts, counts, strict=True)])
-        experience = jax.tree.map(lambda *x: jnp.concatenate(x), *taken)
-        return MixedSample(experience, jnp.asarray(sources), valid)
+        return _concatenate([_head(p, n) for p, n in zip(parts, counts, strict=True)])
 
     return sample
+
+
+def _head(batch: Sample, count: int) -> Sample:
+    return jax.tree.map(lambda x: x[:count], batch)
+
+
+def _concatenate(parts: list[Sample]) -> Sample:
+    """One `Sample` of the parts, in order, with `source` set to each part's index."""
+    weights = [p.valid.astype(jnp.float32) if p.weights is None else p.weights for p in parts]
+    parts = [p.replace(weights=w, source=None) for p, w in zip(parts, weights, strict=True)]
+    fields = {}
+    for name in ("experience", "indices", "valid", "mask", "length", "probabilities", "weights"):
+        values = [getattr(p, name) for p in parts]
+        if all(v is not None for v in values):
+            fields[name] = jax.tree.map(lambda *x: jnp.concatenate(x), *values)
+    sizes = [len(p.valid) for p in parts]
+    source = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
+    return Sample(**fields, source=jnp.asarray(source))

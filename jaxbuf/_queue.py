@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxbuf import _replay, _ring, _validation
-
-PyTree = Any
+from jaxbuf import _storage, _validation
+from jaxbuf._types import Config, PyTree, Sample, _Record
 
 
 @struct.dataclass
@@ -18,79 +20,51 @@ class QueueState:
     """State of a queue.
 
     Attributes:
-      items: leaves `[capacity, *item_shape]`, a ring.
-      head: int32 scalar, the row of the oldest item.
+      experience: leaves `[capacity, *item_shape]`, a ring.
+      position: int32 scalar, the row the next item is written to; the oldest
+        queued item is at `(position - size) % capacity`.
       size: int32 scalar, the number of items queued.
+      added: uint32 scalar, items ever queued, modulo 2**32.
       dropped: int32 scalar, items offered to `add` while there was no room.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> queue = jaxbuf.make_queue(8, 2, 4)
       >>> state = queue.add(queue.init(jnp.int32(0)), jnp.array([1, 2], jnp.int32))
-      >>> state.items.shape, int(state.size), int(state.dropped)
+      >>> state.experience.shape, int(state.size), int(state.dropped)
       ((8,), 2, 0)
     """
 
-    items: PyTree
-    head: jax.Array
+    experience: PyTree
+    position: jax.Array
     size: jax.Array
+    added: jax.Array
     dropped: jax.Array
 
-
-@struct.dataclass
-class QueueSample:
-    """Items taken from a queue, oldest first.
-
-    Attributes:
-      experience: leaves `[sample_batch_size, *item_shape]`.
-      valid: bool `[sample_batch_size]`, false when the queue held fewer than
-        `sample_batch_size` items (then nothing was taken).
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> queue = jaxbuf.make_queue(8, 2, 4)
-      >>> state = queue.init(jnp.int32(0))
-      >>> state = queue.add(queue.add(state, jnp.array([1, 2], jnp.int32)), jnp.array([3, 4],
-      ...     jnp.int32))
-      >>> state, batch = queue.pop(state)
-      >>> batch.experience.tolist(), batch.valid.tolist(), int(state.size)
-      ([1, 2, 3, 4], [True, True, True, True], 0)
-    """
-
-    experience: PyTree
-    valid: jax.Array
+    def stored_rows(self) -> tuple[dict, tuple[np.ndarray], PyTree]:
+        """On the host: `(labels, index, tree)`, the queued items, oldest first."""
+        size, capacity = int(self.size), _storage.capacity_of(self.experience)
+        rows = (int(self.position) - size + np.arange(size, dtype=np.int32)) % capacity
+        return {}, (rows,), self.experience
 
 
-class QueueConfig(NamedTuple):
-    """The validated configuration of a queue.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> jaxbuf.make_queue(8, 2, 4).config
-      QueueConfig(capacity=8, add_batch_size=2, sample_batch_size=4)
-    """
-
-    capacity: int
-    add_batch_size: int
-    sample_batch_size: int
-
-
-class Queue(NamedTuple):
-    """The pure functions of a queue, and its configuration.
+@dataclasses.dataclass(frozen=True)
+class Queue(_Record):
+    """The pure functions of a queue (see `make_queue`), and its configuration.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> queue = jaxbuf.make_queue(capacity=8, add_batch_size=2, sample_batch_size=4)
-      >>> queue._fields
-      ('init', 'add', 'pop', 'can_add', 'can_sample', 'config')
+      >>> [field.name for field in dataclasses.fields(queue)]
+      ['init', 'add', 'pop', 'can_add', 'can_sample', 'config']
     """
 
-    init: Any
-    add: Any
-    pop: Any
-    can_add: Any
-    can_sample: Any
-    config: QueueConfig
+    init: Callable[..., Any]
+    add: Callable[..., Any]
+    pop: Callable[..., Any]
+    can_add: Callable[..., Any]
+    can_sample: Callable[..., Any]
+    config: Config
 
 
 def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Queue:
@@ -109,7 +83,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
 
     Returns:
       A `Queue`: `init(example)`, `add(state, items)` with leaves
-      `[add_batch_size, ...]`, `pop(state) -> (state, QueueSample)`,
+      `[add_batch_size, ...]`, `pop(state) -> (state, Sample)`,
       `can_add(state)`, `can_sample(state)`.
 
     Example:
@@ -121,8 +95,9 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
       >>> batch.experience.tolist(), batch.valid.tolist(), int(state.size)
       ([1, 2, 3], [True, True, True], 1)
     """
-    config = QueueConfig(
-        capacity=_validation.check_int("capacity", capacity, maximum=_replay.MAX_CAPACITY),
+    config = Config(
+        kind="queue",
+        capacity=_validation.check_int("capacity", capacity, maximum=_storage.MAX_CAPACITY),
         add_batch_size=_validation.check_int("add_batch_size", add_batch_size),
         sample_batch_size=_validation.check_int("sample_batch_size", sample_batch_size),
     )
@@ -134,42 +109,52 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
             )
 
     def init(example: PyTree) -> QueueState:
-        zero = jnp.zeros((), jnp.int32)
-        items = _ring.allocate(_validation.item_spec(example), config.capacity)
-        return QueueState(items=items, head=zero, size=zero, dropped=zero)
+        """An empty queue for items like `example` (one item, no batch axis)."""
+        experience = _storage.allocate(_validation.item_spec(example), config.capacity)
+        return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
 
     def can_add(state: QueueState) -> jax.Array:
+        """bool scalar: whether `add_batch_size` more items fit."""
         return state.size + config.add_batch_size <= config.capacity
 
     def can_sample(state: QueueState) -> jax.Array:
+        """bool scalar: whether `sample_batch_size` items are queued."""
         return state.size >= config.sample_batch_size
 
     def add(state: QueueState, items: PyTree) -> QueueState:
-        spec = _replay.storage_spec(state.items, 0)
+        """Queues `items` (leaves `[add_batch_size, ...]`) if all fit, else none
+        (counted in `dropped`)."""
+        spec = _storage.item_spec(state.experience, 0)
         _validation.check_batch(spec, items, [("add_batch_size", config.add_batch_size)])
         room = can_add(state)
-        tail = (state.head + state.size) % config.capacity
-        rows = (tail + jnp.arange(config.add_batch_size, dtype=jnp.int32)) % config.capacity
+        rows = (
+            state.position + jnp.arange(config.add_batch_size, dtype=jnp.int32)
+        ) % config.capacity
         kept = jax.tree.map(
-            lambda new, old: jnp.where(room, new, old), items, _ring.read(state.items, rows)
+            lambda new, old: jnp.where(room, new, old), items, _storage.read(state.experience, rows)
         )
+        taken = jnp.where(room, config.add_batch_size, 0)
         return state.replace(
-            items=_ring.write(state.items, tail, kept),
-            size=state.size + jnp.where(room, config.add_batch_size, 0),
-            dropped=state.dropped + jnp.where(room, 0, config.add_batch_size),
+            experience=_storage.write(state.experience, state.position, kept),
+            position=(state.position + taken) % config.capacity,
+            size=state.size + taken,
+            added=state.added + taken.astype(jnp.uint32),
+            dropped=state.dropped + config.add_batch_size - taken,
         )
 
-    def pop(state: QueueState) -> tuple[QueueState, QueueSample]:
+    def pop(state: QueueState) -> tuple[QueueState, Sample]:
+        """Takes the `sample_batch_size` oldest items if that many are queued:
+        `(state, Sample)` with `experience` `[sample_batch_size, ...]`, `indices`
+        the rows, and `valid` false (nothing taken) otherwise."""
         ready = can_sample(state)
-        rows = (
-            state.head + jnp.arange(config.sample_batch_size, dtype=jnp.int32)
-        ) % config.capacity
-        taken = jnp.where(ready, config.sample_batch_size, 0)
-        state = state.replace(head=(state.head + taken) % config.capacity, size=state.size - taken)
-        sample = QueueSample(
-            experience=_ring.read(state.items, rows),
+        head = state.position - state.size
+        rows = (head + jnp.arange(config.sample_batch_size, dtype=jnp.int32)) % config.capacity
+        state = state.replace(size=state.size - jnp.where(ready, config.sample_batch_size, 0))
+        batch = Sample(
+            experience=_storage.read(state.experience, rows),
+            indices=rows,
             valid=jnp.broadcast_to(ready, (config.sample_batch_size,)),
         )
-        return state, sample
+        return state, batch
 
     return Queue(init, add, pop, can_add, can_sample, config)

@@ -1,144 +1,40 @@
-"""Uniform experience replay: a FIFO ring of items sampled uniformly."""
+"""Experience replay: a FIFO ring of items, each drawn whole."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
-from flax import struct
 
-from jaxbuf import _ring, _sampling, _validation
-from jaxbuf._base import AddFn, CanSampleFn, InitFn, SampleFn
-
-PyTree = Any
-
-# position + B must fit in int32 for every B <= capacity.
-MAX_CAPACITY = _validation.MAX_INT32 // 2
+from jaxbuf import _buffers, _storage, _validation
+from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._storage import RingState
+from jaxbuf._types import Buffer, PyTree
 
 
-@struct.dataclass
-class ReplayBufferState:
-    """State of a replay buffer.
+def _kind(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Kind:
+    def init(example: PyTree) -> RingState:
+        spec = _validation.item_spec(example)
+        return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
 
-    Attributes:
-      experience: the storage, leaves `[capacity, *item_shape]`. Rows `[0, size)`
-        hold items; the others are zeros.
-      position: int32 scalar, the row the next item is written to.
-      size: int32 scalar, the number of stored items (at most `capacity`).
-      added: uint32 scalar, the number of items ever added, modulo 2**32 (it wraps
-        around, never overflows): `(added - earlier_added) % 2**32` counts the items
-        added in between, as the on-disk dataset writer does.
+    def write(state: RingState, items: PyTree) -> tuple[RingState, Changes]:
+        spec = _storage.item_spec(state.experience, 0)
+        (batch,) = _validation.check_batch(spec, items, [("B", None)])
+        _storage.check_fits(batch, capacity, truncate_ok, "items")
+        state, rows = _storage.append(state, items)
+        return state, Changes(cleared=None, filled=rows)
 
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_replay_buffer(100, 8)
-      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
-      >>> state.experience["obs"].shape, int(state.size), int(state.position)
-      ((100, 3), 5, 5)
-    """
-
-    experience: PyTree
-    position: jax.Array
-    size: jax.Array
-    added: jax.Array
-
-
-@struct.dataclass
-class ReplaySample:
-    """A batch drawn from a replay buffer.
-
-    Attributes:
-      experience: leaves `[sample_batch_size, *item_shape]`.
-      indices: int32 `[sample_batch_size]`, the storage row of each item.
-      valid: bool `[sample_batch_size]`, true where the item was drawn from a buffer
-        holding at least `min_size` items. Below `min_size` the items are still
-        drawn uniformly from the stored ones; from an empty buffer every item is the
-        zero-filled row 0, and `valid` is false.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_replay_buffer(100, 8)
-      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
-      >>> batch = buffer.sample(state, jax.random.key(0))
-      >>> batch.experience["obs"].shape, batch.indices.shape, bool(batch.valid.all())
-      ((8, 3), (8,), True)
-    """
-
-    experience: PyTree
-    indices: jax.Array
-    valid: jax.Array
-
-
-class ReplayBufferConfig(NamedTuple):
-    """The validated configuration of a replay buffer (see `make_replay_buffer`).
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> jaxbuf.make_replay_buffer(100, 8, min_size=10).config
-      ReplayBufferConfig(capacity=100, sample_batch_size=8, min_size=10, replacement=True,
-      truncate_ok=False)
-    """
-
-    capacity: int
-    sample_batch_size: int
-    min_size: int
-    replacement: bool
-    truncate_ok: bool
-
-
-class ReplayBuffer(NamedTuple):
-    """The pure functions of a replay buffer, and its configuration.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_replay_buffer(capacity=100, sample_batch_size=8)
-      >>> type(buffer).__name__, buffer._fields
-      ('ReplayBuffer', ('init', 'add', 'sample', 'can_sample', 'config'))
-    """
-
-    init: InitFn
-    add: AddFn
-    sample: SampleFn
-    can_sample: CanSampleFn
-    config: ReplayBufferConfig
-
-
-def storage_spec(experience: PyTree, batch_axes: int) -> PyTree:
-    """One item's spec, read off storage leaves `[*batch_axes, capacity, *item]`."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape[batch_axes + 1 :], x.dtype), experience
+    return _buffers.Kind(
+        init=init,
+        write=write,
+        num_slots=capacity,
+        groups=1,
+        counts=lambda state: state.size,
+        slot=lambda state, group, member: member,
+        usable=lambda state, rows: (rows >= 0) & (rows < state.size),
+        expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
+        ready=lambda state: state.size >= min_size,
     )
-
-
-def check_fits(batch: int, capacity: int, truncate_ok: bool, what: str) -> None:
-    """Raises unless `1 <= batch`, and `batch <= capacity` or truncation is allowed."""
-    if batch < 1:
-        raise ValueError(f"{what} holds no items (B=0); add at least one item per call.")
-    if batch > capacity and not truncate_ok:
-        raise ValueError(
-            f"{what} holds {batch} items but the capacity is {capacity}. Pass "
-            "truncate_ok=True to keep only the newest `capacity` of them."
-        )
-
-
-def append(state: ReplayBufferState, items: PyTree) -> ReplayBufferState:
-    """Writes validated items `[B, ...]`; of more than `capacity`, the newest stay."""
-    capacity = _ring.capacity_of(state.experience)
-    batch = jax.tree_util.tree_leaves(items)[0].shape[0]
-    keep = min(batch, capacity)
-    newest = jax.tree.map(lambda x: x[batch - keep :], items)
-    start = (state.position + (batch - keep) % capacity) % capacity
-    return state.replace(
-        experience=_ring.write(state.experience, start, newest),
-        position=(state.position + batch % capacity) % capacity,
-        size=jnp.minimum(state.size + min(batch, capacity), capacity),
-        added=state.added + (batch % 2**32),
-    )
-
-
-def draw_fn(replacement: bool):
-    return _sampling.uniform_indices if replacement else _sampling.distinct_indices
 
 
 def make_replay_buffer(
@@ -146,26 +42,27 @@ def make_replay_buffer(
     sample_batch_size: int,
     *,
     min_size: int = 1,
-    replacement: bool = True,
+    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
     truncate_ok: bool = False,
-) -> ReplayBuffer:
-    """Makes a uniform replay buffer: FIFO storage, uniform sampling.
+) -> Buffer:
+    """Makes a replay buffer: a FIFO ring of items, drawn by `sampler`.
 
     Args:
       capacity: the number of items stored; once full, `add` overwrites the oldest.
       sample_batch_size: the number of items `sample` returns.
-      min_size: the number of items from which `can_sample` is true.
-      replacement: whether a batch may hold the same item twice. Without
-        replacement the items of a batch are distinct whenever
-        `size >= sample_batch_size`; below that each stored item appears
-        `sample_batch_size // size` or one more times.
+      min_size: the number of items from which `can_sample` (and `valid`) is true.
+      sampler: `jaxbuf.uniform(replacement=True)` (the default) or
+        `jaxbuf.prioritized(...)`, which adds `set_priorities`.
       truncate_ok: whether `add` accepts more than `capacity` items at once,
         keeping the newest `capacity` of them.
 
     Returns:
-      A `ReplayBuffer` of pure functions. `add` and `sample` raise at trace time on
-      items of the wrong structure, shape or dtype. `sample` never fails: check
-      `can_sample` (or the sample's `valid`) before learning from a batch.
+      A `Buffer`: `init(example)`, `add(state, items)` with leaves `[B, ...]`,
+      `sample(state, key) -> Sample` whose `indices` are storage rows,
+      `can_sample(state)`, `take(state, rows)`. `add` and `sample` raise at trace
+      time on items of the wrong structure, shape or dtype; `sample` never fails
+      (below `min_size` its items are real stored ones, flagged invalid; from an
+      empty buffer they are the zero-filled row 0).
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -177,52 +74,25 @@ def make_replay_buffer(
       >>> batch.experience["obs"].shape, int(state.size), bool(buffer.can_sample(state))
       ((4, 3), 8, True)
     """
-    config = ReplayBufferConfig(
-        capacity=_validation.check_int("capacity", capacity, maximum=MAX_CAPACITY),
-        sample_batch_size=_validation.check_int("sample_batch_size", sample_batch_size),
-        min_size=_validation.check_int("min_size", min_size),
-        replacement=_validation.check_bool("replacement", replacement),
-        truncate_ok=_validation.check_bool("truncate_ok", truncate_ok),
-    )
-    if config.min_size > config.capacity:
+    capacity = _validation.check_int("capacity", capacity, maximum=_storage.MAX_CAPACITY)
+    sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
+    min_size = _validation.check_int("min_size", min_size)
+    sampler = _buffers.check_sampler(sampler)
+    truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
+    if min_size > capacity:
         raise ValueError(
-            f"min_size={config.min_size} exceeds capacity={config.capacity}: "
-            "can_sample would never be true."
+            f"min_size={min_size} exceeds capacity={capacity}: can_sample would never be true."
         )
-    if not config.replacement and config.sample_batch_size > config.capacity:
+    if not sampler.config.get("replacement", True) and sample_batch_size > capacity:
         raise ValueError(
-            f"sample_batch_size={config.sample_batch_size} exceeds capacity="
-            f"{config.capacity}, so a batch without replacement can never be distinct."
+            f"sample_batch_size={sample_batch_size} exceeds capacity={capacity}, so a batch "
+            "without replacement can never be distinct."
         )
-    draw = draw_fn(config.replacement)
-
-    def init(example: PyTree) -> ReplayBufferState:
-        spec = _validation.item_spec(example)
-        return ReplayBufferState(
-            experience=_ring.allocate(spec, config.capacity),
-            position=jnp.zeros((), jnp.int32),
-            size=jnp.zeros((), jnp.int32),
-            added=jnp.zeros((), jnp.uint32),
-        )
-
-    def add(state: ReplayBufferState, items: PyTree) -> ReplayBufferState:
-        spec = storage_spec(state.experience, 0)
-        (batch,) = _validation.check_batch(spec, items, [("B", None)])
-        check_fits(batch, config.capacity, config.truncate_ok, "items")
-        return append(state, items)
-
-    def sample(state: ReplayBufferState, key: jax.Array) -> ReplaySample:
-        rows = draw(key, state.size, config.sample_batch_size)
-        return ReplaySample(
-            experience=_ring.read(state.experience, rows),
-            indices=rows,
-            valid=jnp.broadcast_to(state.size >= config.min_size, rows.shape),
-        )
-
-    def can_sample(state: ReplayBufferState) -> jax.Array:
-        return state.size >= config.min_size
-
-    return ReplayBuffer(init, add, sample, can_sample, config)
+    return _buffers.assemble(
+        _kind(capacity, min_size, truncate_ok), sampler, sample_batch_size, kind="replay",
+        capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
+        truncate_ok=truncate_ok,
+    )  # fmt: skip
 
 
 def from_data(
@@ -232,7 +102,7 @@ def from_data(
     sample_batch_size: int,
     truncate_ok: bool = False,
     **options: Any,
-) -> tuple[ReplayBuffer, ReplayBufferState]:
+) -> tuple[Buffer, RingState]:
     """Builds a replay buffer and a state filled with existing items, in one call.
 
     Shapes and dtypes are inferred from `data`, whose leaves are `[N, *item_shape]`
@@ -271,9 +141,8 @@ def from_data(
         data,
     )
     (count,) = _validation.check_batch(spec, data, [("N", None)], what="data")
-    buffer = make_replay_buffer(
-        count if capacity is None else capacity, sample_batch_size, **options
-    )
-    check_fits(count, buffer.config.capacity, truncate_ok, "data")
-    state = buffer.init(spec)
-    return buffer, jax.jit(append, donate_argnums=0)(state, data)
+    capacity = count if capacity is None else capacity
+    buffer = make_replay_buffer(capacity, sample_batch_size, **options)
+    _storage.check_fits(count, buffer.config.capacity, truncate_ok, "data")
+    filler = make_replay_buffer(capacity, sample_batch_size, **{**options, "truncate_ok": True})
+    return buffer, jax.jit(filler.add, donate_argnums=0)(buffer.init(spec), data)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax import lax
 
-from jaxbuf import _returns, _ring, _validation
-
-PyTree = Any
+from jaxbuf import _returns, _storage, _validation
+from jaxbuf._types import Config, PyTree, _Record
 
 
 class _StepKeys(dict):
@@ -47,7 +48,7 @@ class RolloutBufferState:
     """State of a rollout buffer.
 
     Attributes:
-      steps: the stored steps, a dict with leaves `[num_steps, num_envs, ...]`.
+      experience: the stored steps, a dict with leaves `[num_steps, num_envs, ...]`.
       size: int32 scalar, the number of stored time steps (at most `num_steps`).
       dropped: int32 scalar, the number of `add` calls made while full, whose
         steps were not stored.
@@ -60,15 +61,23 @@ class RolloutBufferState:
       >>> step = {"obs": jnp.zeros(3), "reward": 0.0, "value": 0.0, "final_value": 0.0,
       ...     "terminated": False, "truncated": False}
       >>> state = buffer.init(step)
-      >>> state.steps["obs"].shape, state.advantages.shape, int(state.size)
+      >>> state.experience["obs"].shape, state.advantages.shape, int(state.size)
       ((4, 2, 3), (4, 2), 0)
     """
 
-    steps: PyTree
+    experience: PyTree
     size: jax.Array
     dropped: jax.Array
     advantages: jax.Array
     returns: jax.Array
+
+    def stored_rows(self) -> tuple[dict, tuple[np.ndarray, np.ndarray], PyTree]:
+        """On the host: `(labels, index, tree)`, the stored steps time-major, with
+        their `advantage` and `return`."""
+        num_envs = self.advantages.shape[1]
+        time, env = np.divmod(np.arange(int(self.size) * num_envs, dtype=np.int32), num_envs)
+        tree = {**self.experience, "advantage": self.advantages, "return": self.returns}
+        return {"time": time, "env": env}, (time, env), tree
 
 
 @struct.dataclass
@@ -102,41 +111,25 @@ class RolloutBatch:
     valid: jax.Array
 
 
-class RolloutBufferConfig(NamedTuple):
-    """The validated configuration of a rollout buffer.
+@dataclasses.dataclass(frozen=True)
+class RolloutBuffer(_Record):
+    """The pure functions of a rollout buffer (see `make_rollout_buffer`), and its
+    configuration.
 
     Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95).config
-      RolloutBufferConfig(num_steps=4, num_envs=2, discount=0.99, gae_lambda=0.95,
-      normalize_advantages=True, method='scan')
-    """
-
-    num_steps: int
-    num_envs: int
-    discount: float
-    gae_lambda: float
-    normalize_advantages: bool
-    method: str
-
-
-class RolloutBuffer(NamedTuple):
-    """The pure functions of a rollout buffer, and its configuration.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> import dataclasses, jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_rollout_buffer(num_steps=4, num_envs=2, discount=0.99,
       ...     gae_lambda=0.95)
-      >>> buffer._fields
-      ('init', 'add', 'finish', 'minibatches', 'clear', 'config')
+      >>> [field.name for field in dataclasses.fields(buffer)]
+      ['init', 'add', 'finish', 'minibatches', 'clear', 'config']
     """
 
-    init: Any
-    add: Any
-    finish: Any
-    minibatches: Any
-    clear: Any
-    config: RolloutBufferConfig
+    init: Callable[..., Any]
+    add: Callable[..., Any]
+    finish: Callable[..., Any]
+    minibatches: Callable[..., Any]
+    clear: Callable[..., Any]
+    config: Config
 
 
 def _check_example(example: Any) -> PyTree:
@@ -217,7 +210,8 @@ def make_rollout_buffer(
       >>> batch.experience["obs"].shape, batch.advantages.shape
       ((2, 4, 3), (2, 4))
     """
-    config = RolloutBufferConfig(
+    config = Config(
+        kind="rollout",
         num_steps=_validation.check_int("num_steps", num_steps),
         num_envs=_validation.check_int("num_envs", num_envs),
         discount=_coefficient("discount", discount),
@@ -236,7 +230,7 @@ def make_rollout_buffer(
         )
         dtype = spec["value"].dtype
         return RolloutBufferState(
-            steps=_ring.allocate(per_env, config.num_steps),
+            experience=_storage.allocate(per_env, config.num_steps),
             size=jnp.zeros((), jnp.int32),
             dropped=jnp.zeros((), jnp.int32),
             advantages=jnp.zeros(shape, dtype),
@@ -244,7 +238,7 @@ def make_rollout_buffer(
         )
 
     def add(state: RolloutBufferState, step: PyTree) -> RolloutBufferState:
-        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), state.steps)
+        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), state.experience)
         _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
         full = state.size >= config.num_steps
         row = jnp.minimum(state.size, config.num_steps - 1)
@@ -254,13 +248,13 @@ def make_rollout_buffer(
             return lax.dynamic_update_index_in_dim(column, jnp.where(full, old, value), row, 0)
 
         return state.replace(
-            steps=jax.tree.map(put, state.steps, step),
+            experience=jax.tree.map(put, state.experience, step),
             size=state.size + (~full).astype(jnp.int32),
             dropped=state.dropped + full.astype(jnp.int32),
         )
 
     def finish(state: RolloutBufferState, last_value: jax.Array) -> RolloutBufferState:
-        steps = state.steps
+        steps = state.experience
         want = jax.ShapeDtypeStruct((config.num_envs,), steps["value"].dtype)
         _validation.check_batch(want, last_value, [], what="last_value")
         time = jnp.arange(config.num_steps, dtype=jnp.int32)[:, None]
@@ -303,7 +297,7 @@ def make_rollout_buffer(
             return flat[order].reshape(*split, *x.shape[2:])
 
         return RolloutBatch(
-            experience=jax.tree.map(shuffle, state.steps),
+            experience=jax.tree.map(shuffle, state.experience),
             advantages=shuffle(advantages),
             returns=shuffle(state.returns),
             valid=shuffle(valid),

@@ -24,17 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxbuf import (
-    _episode,
-    _prioritized,
-    _prioritized_steps,
-    _queue,
-    _replay,
-    _rollout,
-    _trajectory,
-    _transition,
-    _vectorize,
-)
+from jaxbuf._types import _Record
 
 
 class _Role(NamedTuple):
@@ -58,26 +48,16 @@ ROLES = {
     "finish": _Role(("state", "data"), "state"),
     "clear": _Role(("state",), "state"),
     "sample": _Role(("state", "key"), "batch"),
+    "take": _Role(("state", "data"), "batch"),
     "minibatches": _Role(("state", "key"), "minibatches"),
     "pop": _Role(("state",), ("state", "batch")),
     "can_sample": _Role(("state",), "all"),
     "can_add": _Role(("state",), "all"),
 }
-BUFFERS = (
-    _replay.ReplayBuffer,
-    _vectorize.VectorizedReplayBuffer,
-    _prioritized.PrioritizedReplayBuffer,
-    _trajectory.TrajectoryBuffer,
-    _transition.TransitionBuffer,
-    _episode.EpisodeBuffer,
-    _prioritized_steps.PrioritizedTrajectoryBuffer,
-    _queue.Queue,
-    _rollout.RolloutBuffer,
-)
 
 
 def _check_buffer(buffer: Any) -> None:
-    if not isinstance(buffer, BUFFERS):
+    if not isinstance(buffer, _Record) or not hasattr(buffer, "config"):
         raise TypeError(
             "shard and per_shard take a buffer made by a jaxbuf factory (make_replay_buffer, "
             f"make_trajectory_buffer, ...), got {type(buffer).__name__}."
@@ -85,7 +65,7 @@ def _check_buffer(buffer: Any) -> None:
 
 
 def _functions(buffer: Any) -> dict[str, Any]:
-    return {name: getattr(buffer, name) for name in ROLES if hasattr(buffer, name)}
+    return {name: fn for name in ROLES if (fn := getattr(buffer, name, None)) is not None}
 
 
 def per_shard(buffer: Any, axis_name: str = "data") -> Any:
@@ -145,7 +125,7 @@ def per_shard(buffer: Any, axis_name: str = "data") -> Any:
         local.__doc__ = fn.__doc__
         return local
 
-    return buffer._replace(
+    return buffer.replace(
         **{n: wrap(n, f) for n, f in _functions(buffer).items()}, init=_local_init(buffer)
     )
 
@@ -320,10 +300,10 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
         return sharded
 
     functions = {n: wrap(n, f) for n, f in _functions(local).items()}
-    return buffer._replace(**functions, init=init)
+    return buffer.replace(**functions, init=init)
 
 
-_ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value"}
+_ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value", "take": "indices"}
 
 
 def _check_state(state: Any, count: int, axis_name: str) -> None:

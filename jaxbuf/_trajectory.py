@@ -3,152 +3,117 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from jaxbuf import _replay, _ring, _sampling, _validation
-
-PyTree = Any
-
-
-@struct.dataclass
-class TrajectoryBufferState:
-    """State of a trajectory buffer.
-
-    Attributes:
-      experience: leaves `[num_envs, capacity, *step_shape]`, time-major per
-        environment: row `t` of environment `e` is one step.
-      position: int32 scalar, the time index the next step is written to (all
-        environments add together).
-      size: int32 scalar, the number of steps stored per environment.
-      added: uint32 scalar, steps ever added per environment, modulo 2**32.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
-      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
-      >>> state.experience["obs"].shape, int(state.size)
-      ((2, 50, 3), 7)
-    """
-
-    experience: PyTree
-    position: jax.Array
-    size: jax.Array
-    added: jax.Array
-
-
-@struct.dataclass
-class SequenceSample:
-    """A batch of sequences of consecutive steps.
-
-    Attributes:
-      experience: leaves `[sample_batch_size, sequence_length, *step_shape]`.
-      env_indices: int32 `[sample_batch_size]`, the environment of each sequence.
-      time_indices: int32 `[sample_batch_size]`, the storage time index of its first step.
-      mask: bool `[sample_batch_size, sequence_length]`, true up to and including the
-        first step where `done_fn` is true (all true without an episode end); None
-        when the buffer has no `done_fn`.
-      valid: bool `[sample_batch_size]`, false while the buffer cannot sample.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
-      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
-      >>> batch = buffer.sample(state, jax.random.key(0))
-      >>> batch.experience["obs"].shape, batch.env_indices.shape, batch.time_indices.shape
-      ((4, 3, 3), (4,), (4,))
-    """
-
-    experience: PyTree
-    env_indices: jax.Array
-    time_indices: jax.Array
-    mask: jax.Array | None
-    valid: jax.Array
-
-
-class TrajectoryBufferConfig(NamedTuple):
-    """The validated configuration of a trajectory buffer.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> jaxbuf.make_trajectory_buffer(2, 50, 4, 3).config
-      TrajectoryBufferConfig(num_envs=2, capacity=50, sample_batch_size=4, sequence_length=3,
-      period=1, min_size=3)
-    """
-
-    num_envs: int
-    capacity: int
-    sample_batch_size: int
-    sequence_length: int
-    period: int
-    min_size: int
-
-
-class TrajectoryBuffer(NamedTuple):
-    """The pure functions of a trajectory buffer, and its configuration.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=50, sample_batch_size=4,
-      ...     sequence_length=3)
-      >>> buffer._fields
-      ('init', 'add', 'add_step', 'sample', 'can_sample', 'config')
-    """
-
-    init: Any
-    add: Any
-    add_step: Any
-    sample: Any
-    can_sample: Any
-    config: TrajectoryBufferConfig
+from jaxbuf import _buffers, _storage, _validation
+from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._storage import TimeRingState
+from jaxbuf._types import Buffer, PyTree
 
 
 def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size):
     check = _validation.check_int
-    config = TrajectoryBufferConfig(
-        num_envs=check("num_envs", num_envs),
-        capacity=check("capacity", capacity, maximum=_replay.MAX_CAPACITY),
-        sample_batch_size=check("sample_batch_size", sample_batch_size),
-        sequence_length=check("sequence_length", sequence_length),
-        period=check("period", period),
-        min_size=check("min_size", sequence_length if min_size is None else min_size),
-    )
-    if config.num_envs * config.capacity > _validation.MAX_INT32:
+    config = {
+        "num_envs": check("num_envs", num_envs),
+        "capacity": check("capacity", capacity, maximum=_storage.MAX_CAPACITY),
+        "sample_batch_size": check("sample_batch_size", sample_batch_size),
+        "sequence_length": check("sequence_length", sequence_length),
+        "period": check("period", period),
+        "min_size": check("min_size", sequence_length if min_size is None else min_size),
+    }
+    num_envs, capacity, _, length, period, min_size = config.values()
+    if num_envs * capacity > _validation.MAX_INT32:
         raise ValueError("num_envs * capacity must fit in int32.")
-    if config.sequence_length > config.capacity:
+    if length > capacity:
         raise ValueError(
-            f"sequence_length={config.sequence_length} exceeds capacity={config.capacity} "
+            f"sequence_length={length} exceeds capacity={capacity} "
             "(steps per environment): no sequence would ever fit."
         )
-    if config.capacity % config.period:
+    if capacity % period:
         raise ValueError(
-            f"period={config.period} does not divide capacity={config.capacity}: sequence "
+            f"period={period} does not divide capacity={capacity}: sequence "
             "starts would drift as the storage wraps around."
         )
-    if not config.sequence_length <= config.min_size <= config.capacity:
+    if not length <= min_size <= capacity:
         raise ValueError(
-            f"min_size={config.min_size} must be in [sequence_length, capacity] = "
-            f"[{config.sequence_length}, {config.capacity}]."
+            f"min_size={min_size} must be in [sequence_length, capacity] = [{length}, {capacity}]."
         )
     return config
 
 
-def _starts(state: TrajectoryBufferState, config: TrajectoryBufferConfig):
+def first_start(state: TimeRingState, length: int, period: int) -> tuple[jax.Array, jax.Array]:
     """The first aligned start (a storage time index) and how many starts there are.
 
-    Chronological offset 0 is the oldest stored step. A sequence may start at
-    offset `o` if `o + sequence_length <= size` (so it lies within consecutive
-    stored steps and never crosses the write position) and its storage index is
-    a multiple of `period`. Those offsets are `o0, o0 + period, ...`.
+    Chronological offset 0 is the oldest stored step. A window may start at
+    offset `o` if `o + length <= size` (so it lies within consecutive stored
+    steps and never crosses the write position) and its storage index is a
+    multiple of `period`. Those offsets are `o0, o0 + period, ...`.
     """
-    oldest = (state.position - state.size) % config.capacity
-    first = (-oldest) % config.period
-    room = state.size - config.sequence_length - first
-    count = jnp.where(room >= 0, room // config.period + 1, 0)
-    return (oldest + first) % config.capacity, count
+    capacity = _storage.capacity_of(state.experience, 1)
+    oldest = (state.position - state.size) % capacity
+    first = (-oldest) % period
+    room = state.size - length - first
+    count = jnp.where(room >= 0, room // period + 1, 0)
+    return (oldest + first) % capacity, count
+
+
+def step_writer(num_envs: int, capacity: int) -> Callable:
+    """Checks steps `[num_envs, T, ...]` and writes them; returns `(state, T)`."""
+
+    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, int]:
+        spec = _storage.item_spec(state.experience, 1)
+        length = _storage.check_steps(spec, steps, num_envs, capacity)
+        return _storage.append_steps(state, steps), length
+
+    return write
+
+
+def one_step(num_envs: int) -> Callable:
+    def expand(state: TimeRingState, step: PyTree) -> PyTree:
+        return _storage.one_step(_storage.item_spec(state.experience, 1), step, num_envs)
+
+    return expand
+
+
+def init_steps(num_envs: int, capacity: int) -> Callable:
+    def init(example_step: PyTree) -> TimeRingState:
+        spec = _validation.item_spec(example_step, "example_step")
+        experience = _storage.allocate(spec, num_envs, capacity)
+        return TimeRingState(experience=experience, **_storage.counters())
+
+    return init
+
+
+def _kind(config: dict, done_fn) -> _buffers.Kind:
+    num_envs, capacity, _, length, period, min_size = config.values()
+    write_steps = step_writer(num_envs, capacity)
+
+    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, Changes]:
+        after, written = write_steps(state, steps)
+        return after, _buffers.span_changes(state, after, written, length, period)
+
+    def slot(state, env, member):
+        first, _ = first_start(state, length, period)
+        return env * capacity + (first + member * period) % capacity
+
+    def expand(state, slots):
+        envs, starts = jnp.divmod(slots, capacity)
+        return (*windows(state.experience, envs, starts, length, done_fn), None)
+
+    return _buffers.Kind(
+        init=init_steps(num_envs, capacity),
+        write=write,
+        num_slots=num_envs * capacity,
+        groups=num_envs,
+        counts=lambda state: first_start(state, length, period)[1],
+        slot=slot,
+        usable=lambda state, slots: _buffers.valid_start(state, slots % capacity, length, period),
+        expand=expand,
+        ready=lambda state: state.size >= min_size,
+        one_step=one_step(num_envs),
+    )
 
 
 def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.Array:
@@ -165,24 +130,6 @@ def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.
     return jnp.asarray(done)
 
 
-def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> int:
-    """Checks steps (leaves `[num_envs, T, *step_shape]`) against the step spec; returns T."""
-    axes = [("num_envs", num_envs), ("T", None)]
-    _, length = _validation.check_batch(spec, steps, axes, what="steps")
-    if length > capacity:
-        raise ValueError(
-            f"steps holds T={length} steps per environment, more than capacity={capacity}."
-        )
-    return length
-
-
-def one_step(spec: PyTree, step: PyTree, num_envs: int) -> PyTree:
-    """Checks one step per environment (leaves `[num_envs, *step_shape]`) against the
-    step spec and returns it with a time axis of length 1."""
-    _validation.check_batch(spec, step, [("num_envs", num_envs)], what="step")
-    return jax.tree.map(lambda x: jnp.expand_dims(x, 1), step)
-
-
 def windows(
     experience: PyTree,
     envs: jax.Array,
@@ -192,11 +139,8 @@ def windows(
 ) -> tuple[PyTree, jax.Array | None]:
     """The `length` steps from each (env, start) `[B]`, wrapping around the storage,
     and the episode mask (None without `done_fn`)."""
-    capacity = jax.tree_util.tree_leaves(experience)[0].shape[1]
-    times = (starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]) % capacity
-    experience = jax.tree.map(
-        lambda x: x.at[envs[:, None], times].get(mode="promise_in_bounds"), experience
-    )
+    times = _buffers.window_times(starts, length, _storage.capacity_of(experience, 1))
+    experience = _storage.read(experience, envs[:, None], times)
     mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
     return experience, mask
 
@@ -216,7 +160,8 @@ def make_trajectory_buffer(
     period: int = 1,
     min_size: int | None = None,
     done_fn: Callable[[PyTree], jax.Array] | None = None,
-) -> TrajectoryBuffer:
+    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+) -> Buffer:
     """Makes a buffer of per-environment trajectories that samples sequences.
 
     Args:
@@ -253,52 +198,8 @@ def make_trajectory_buffer(
     config = _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size)
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-
-    def init(example_step: PyTree) -> TrajectoryBufferState:
-        spec = _validation.item_spec(example_step, "example_step")
-        per_env = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((config.capacity, *s.shape), s.dtype), spec
-        )
-        return TrajectoryBufferState(
-            experience=jax.tree.map(
-                lambda s: jnp.zeros((config.num_envs, *s.shape), s.dtype), per_env
-            ),
-            position=jnp.zeros((), jnp.int32),
-            size=jnp.zeros((), jnp.int32),
-            added=jnp.zeros((), jnp.uint32),
-        )
-
-    def add(state: TrajectoryBufferState, steps: PyTree) -> TrajectoryBufferState:
-        spec = _replay.storage_spec(state.experience, 1)
-        length = check_steps(spec, steps, config.num_envs, config.capacity)
-        write = jax.vmap(_ring.write, in_axes=(0, None, 0))
-        return state.replace(
-            experience=write(state.experience, state.position, steps),
-            position=(state.position + length) % config.capacity,
-            size=jnp.minimum(state.size + length, config.capacity),
-            added=state.added + length,
-        )
-
-    def add_step(state: TrajectoryBufferState, step: PyTree) -> TrajectoryBufferState:
-        spec = _replay.storage_spec(state.experience, 1)
-        return add(state, one_step(spec, step, config.num_envs))
-
-    def ready(state: TrajectoryBufferState, count: jax.Array) -> jax.Array:
-        return (count > 0) & (state.size >= config.min_size)
-
-    def can_sample(state: TrajectoryBufferState) -> jax.Array:
-        return ready(state, _starts(state, config)[1])
-
-    def sample(state: TrajectoryBufferState, key: jax.Array) -> SequenceSample:
-        batch, length = config.sample_batch_size, config.sequence_length
-        first, count = _starts(state, config)
-        words = _sampling.random_words(key, 2 * batch)
-        envs = _sampling.scale_below(words[:batch], jnp.int32(config.num_envs))
-        starts = (
-            first + _sampling.scale_below(words[batch:], count) * config.period
-        ) % config.capacity
-        experience, mask = windows(state.experience, envs, starts, length, done_fn)
-        valid = jnp.broadcast_to(ready(state, count), (batch,))
-        return SequenceSample(experience, envs, starts, mask, valid)
-
-    return TrajectoryBuffer(init, add, add_step, sample, can_sample, config)
+    sampler = _buffers.check_sampler(sampler)
+    return _buffers.assemble(
+        _kind(config, done_fn), sampler, config["sample_batch_size"], kind="trajectory",
+        **config, **_buffers.done_config(done_fn),
+    )  # fmt: skip

@@ -62,3 +62,33 @@ def rejects_and_keeps_state(wrap, fn, state, *args, error, match):
         else:
             jax.vmap(fn)(*jax.tree.map(lambda x: x[None], (state, *args)))
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, state), before)
+
+
+def prioritized_replay(capacity, batch, *, priority_exponent=0.6, stratified=True, **kwargs):
+    """`make_replay_buffer` with the prioritized sampler."""
+    import jaxbuf
+
+    sampler = jaxbuf.prioritized(priority_exponent, stratified)
+    return jaxbuf.make_replay_buffer(capacity, batch, sampler=sampler, **kwargs)
+
+
+def prioritized_trajectory(*args, priority_exponent=0.6, stratified=True, **kwargs):
+    """`make_trajectory_buffer` with the prioritized sampler."""
+    import jaxbuf
+
+    sampler = jaxbuf.prioritized(priority_exponent, stratified)
+    return jaxbuf.make_trajectory_buffer(*args, sampler=sampler, **kwargs)
+
+
+def prioritized_transition(*args, priority_exponent=0.6, stratified=True, **kwargs):
+    """`make_transition_buffer` with the prioritized sampler."""
+    import jaxbuf
+
+    sampler = jaxbuf.prioritized(priority_exponent, stratified)
+    return jaxbuf.make_transition_buffer(*args, sampler=sampler, **kwargs)
+
+
+def env_time(batch, capacity):
+    """The (env, time) of each item of a per-environment sample, from its indices."""
+    indices = np.asarray(batch.indices)
+    return indices // capacity, indices % capacity

@@ -18,21 +18,51 @@ def items(ids):
     return {"id": ids, "obs": jnp.stack([ids, -ids], -1).astype(jnp.float32)}
 
 
-def test_take_matches_what_sample_returns(variant):
-    buffer = jaxbuf.make_replay_buffer(10, 6)
-    state = buffer.add(buffer.init(EXAMPLE), items(range(7)))
+def transition_steps(ids):
+    ids = np.asarray(ids)
+    return jaxbuf.Transition(
+        obs=items(ids), action=jnp.asarray(ids, jnp.int32), reward=jnp.asarray(ids, jnp.float32),
+        terminated=jnp.asarray(ids % 5 == 4), truncated=jnp.asarray(ids % 7 == 6),
+        next_obs=items(ids + 100), discount=None,
+    )  # fmt: skip
+
+
+def done(step):
+    return step["id"] % 4 == 3
+
+
+KINDS = {
+    "replay": (lambda s: jaxbuf.make_replay_buffer(10, 6, sampler=s), EXAMPLE,
+               lambda i: items(np.arange(i, i + 7))),
+    "trajectory": (lambda s: jaxbuf.make_trajectory_buffer(2, 8, 4, 3, done_fn=done, sampler=s),
+                   EXAMPLE, lambda i: items(np.arange(i, i + 10).reshape(2, 5))),
+    "transition": (lambda s: jaxbuf.make_transition_buffer(2, 8, 4, n_step=2, sampler=s),
+                   jax.tree.map(lambda x: x[0, 0], transition_steps(np.zeros((2, 1), int))),
+                   lambda i: transition_steps(np.arange(i, i + 10).reshape(2, 5))),
+    "episode": (lambda s: jaxbuf.make_episode_buffer(2, 8, 4, 4, done_fn=done, sampler=s),
+                EXAMPLE, lambda i: items(np.arange(i, i + 10).reshape(2, 5))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_take_of_a_samples_indices_returns_its_experience(variant, kind, sampler):
+    make, example, data = KINDS[kind]
+    buffer = make(jaxbuf.uniform() if sampler == "uniform" else jaxbuf.prioritized())
+    state = buffer.init(example)
+    for start in (0, 10, 20):  # wraps around
+        state = buffer.add(state, data(start))
     batch = buffer.sample(state, jax.random.key(0))
-    chex.assert_trees_all_equal(variant(jaxbuf.take)(state, batch.indices), batch.experience)
-    vectorized = jaxbuf.vectorize(buffer, 3)
+    assert bool(batch.valid.all())
+    chex.assert_trees_all_equal(variant(buffer.take)(state, batch.indices), batch.experience)
+
+
+def test_take_of_a_vectorized_sample_returns_its_experience(variant):
+    vectorized = jaxbuf.vectorize(jaxbuf.make_replay_buffer(10, 6), 3)
     vstate = vectorized.add(vectorized.init(EXAMPLE), items(np.arange(12).reshape(3, 4)))
     vbatch = vectorized.sample(vstate, jax.random.key(1))
-    taken = variant(jaxbuf.take)(vstate, vbatch.buffer_indices, vbatch.indices)
-    chex.assert_trees_all_equal(taken, vbatch.experience)
-    trajectories = jaxbuf.make_trajectory_buffer(2, 8, 4, 3)
-    tstate = trajectories.add(trajectories.init(EXAMPLE), items(np.arange(10).reshape(2, 5)))
-    tbatch = trajectories.sample(tstate, jax.random.key(2))
-    first_steps = variant(jaxbuf.take)(tstate, tbatch.env_indices, tbatch.time_indices)
-    chex.assert_trees_all_equal(first_steps, jax.tree.map(lambda x: x[:, 0], tbatch.experience))
+    chex.assert_trees_all_equal(variant(vectorized.take)(vstate, vbatch.indices), vbatch.experience)
+    np.testing.assert_array_equal(vbatch.source, np.asarray(vbatch.indices) // 10)
 
 
 def test_take_all_is_every_valid_item_in_storage_order():
@@ -52,26 +82,23 @@ def test_take_all_is_every_valid_item_in_storage_order():
 def test_access_errors_are_named():
     buffer = jaxbuf.make_replay_buffer(5, 2)
     state = buffer.add(buffer.init(EXAMPLE), items([0, 1, 2]))
-    with pytest.raises(TypeError, match=re.escape("needs 1 index array(s), got 2")):
-        jaxbuf.take(state, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32))
+    with pytest.raises(TypeError, match=re.escape("indices must be a 1-D integer array [k]")):
+        buffer.take(state, jnp.zeros((1, 2), jnp.int32))
     with pytest.raises(
         ValueError, match=re.escape("the 3 stored items do not split into num_minibatches=2")
     ):
         jaxbuf.take_all(state, 2)
-    with pytest.raises(TypeError, match="expected a replay or trajectory buffer state, got dict"):
+    with pytest.raises(TypeError, match="take_all takes a jaxbuf buffer state, got dict"):
         jaxbuf.take_all({"a": 1})
 
 
-def test_take_and_stored_items_of_trajectory_episode_and_transition_states(variant):
+def test_stored_items_of_trajectory_episode_and_transition_states():
     done = lambda step: step["id"] % 4 == 3  # noqa: E731
     episodes = jaxbuf.make_episode_buffer(2, 6, 5, 4, done_fn=done)
     ids = np.arange(16).reshape(2, 8)
     state = episodes.init(EXAMPLE)
     for chunk in (ids[:, :5], ids[:, 5:]):
         state = episodes.add(state, items(chunk))  # the second add wraps around
-    batch = episodes.sample(state, jax.random.key(0))
-    first_steps = variant(jaxbuf.take)(state, batch.env_indices, batch.time_indices)
-    chex.assert_trees_all_equal(first_steps, jax.tree.map(lambda x: x[:, 0], batch.experience))
     columns = jaxbuf.stored_items(state)
     assert columns["env"].tolist() == [0] * 6 + [1] * 6
     assert columns["time"].tolist() == list(range(6)) * 2
@@ -89,8 +116,5 @@ def test_take_and_stored_items_of_trajectory_episode_and_transition_states(varia
         truncated=jnp.zeros((2, 5), bool), next_obs=items(ids[:, 1:6]),
     )  # fmt: skip
     xstate = transitions.add(transitions.init(jax.tree.map(lambda x: x[0, 0], step)), step)
-    xbatch = transitions.sample(xstate, jax.random.key(1))
-    taken = variant(jaxbuf.take)(xstate, xbatch.env_indices, xbatch.time_indices)
-    chex.assert_trees_all_equal(taken["obs"], xbatch.obs)
     assert jaxbuf.stored_items(xstate)["obs/id"].tolist() == [*range(5), *range(8, 13)]
     assert jaxbuf.take_all(xstate)["obs"]["id"].tolist() == [*range(5), *range(8, 13)]

@@ -11,10 +11,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from flax import serialization, struct
+from reference import prioritized_replay, prioritized_trajectory
 
 import jaxbuf
 from jaxbuf import _checkpoint
-from jaxbuf._access import steps_of
 
 EXAMPLE = {"obs": jnp.zeros(3), "action": jnp.int32(0), "done": jnp.bool_(False)}
 STEP = {
@@ -67,10 +67,10 @@ def states():
     )  # fmt: skip
     example = jax.tree.map(lambda x: x[0, 0], steps)
     xstate = transitions.add(transitions.init(example), steps)
-    prioritized = jaxbuf.make_prioritized_replay_buffer(8, 4)
+    prioritized = prioritized_replay(8, 4)
     pstate = prioritized.add(prioritized.init(EXAMPLE), items(5))
     pstate = prioritized.set_priorities(pstate, jnp.arange(5), jnp.arange(5.0))
-    psequences = jaxbuf.make_prioritized_trajectory_buffer(2, 6, 4, 2)
+    psequences = prioritized_trajectory(2, 6, 4, 2)
     qstate = psequences.add(psequences.init(EXAMPLE), items(5, 0, lead=(2,)))
     return [
         (replay, state, replay.init(EXAMPLE)),
@@ -88,22 +88,13 @@ KINDS = [
     "replay", "vectorized", "rollout", "trajectory", "episode", "transition", "prioritized",
     "prioritized_sequences",
 ]  # fmt: skip
-OBS_PATHS = [
-    ".experience['obs']",
-    ".experience['obs']",
-    ".steps['obs']",
-    ".experience['obs']",
-    ".storage.experience['obs']",
-    ".storage.experience['obs']",
-    ".storage.experience['obs']",
-    ".storage.experience['obs']",
-]
+OBS_PATH = ".experience['obs']"  # one name for the storage in every kind
 
 
 @struct.dataclass
 class TrainState:
     params: dict
-    buffer: jaxbuf.ReplayBufferState
+    buffer: jaxbuf.RingState
     step: jax.Array
 
 
@@ -137,18 +128,17 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
     metadata = jaxbuf.load_metadata(folder)
     assert (
-        metadata["kind"] == type(buffer).__name__
-        and metadata["jaxbuf_version"] == jaxbuf.__version__
+        metadata["kind"] == buffer.config.kind and metadata["jaxbuf_version"] == jaxbuf.__version__
     )
     assert metadata["config"] == {
         **_checkpoint._plain(buffer.config),
         **({"num_buffers": 2} if index == 1 else {}),
     }
-    size = steps_of(state).size
+    size = state.size
     assert metadata["size"] == np.asarray(size).tolist()
     obs = jax.tree_util.tree_flatten_with_path(state)[0]
-    obs = next(x for path, x in obs if jax.tree_util.keystr(path) == OBS_PATHS[index])
-    leaf = metadata["leaves"][OBS_PATHS[index]]
+    obs = next(x for path, x in obs if jax.tree_util.keystr(path) == OBS_PATH)
+    leaf = metadata["leaves"][OBS_PATH]
     assert leaf == {"shape": list(obs.shape), "dtype": "float32"}
     abstract = jax.eval_shape(lambda: template)  # a template that allocates nothing
     chex.assert_trees_all_equal(jaxbuf.restore(folder, abstract), state)
@@ -254,7 +244,7 @@ def test_restoring_into_another_configuration_names_the_mismatch(tmp_path):
         jaxbuf.restore(folder, other_keys)
     rollout = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9).init(STEP)
     with pytest.raises(
-        ValueError, match="holds a ReplayBufferState, but the template is a RolloutBufferState"
+        ValueError, match="holds a RingState, but the template is a RolloutBufferState"
     ):
         jaxbuf.restore(folder, rollout)
 

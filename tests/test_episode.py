@@ -69,23 +69,22 @@ def test_episodes_are_complete_stored_and_padded_at_every_wrap(
     add, sample = jax.jit(buffer.add, donate_argnums=0), jax.jit(buffer.sample)
     state = buffer.init(EXAMPLE)
     rng = np.random.default_rng(capacity * 10 + max_length)
-    history = Episodes(num_envs, capacity, buffer.config.max_records)
+    records = -(-capacity // buffer.config.min_episode_length)
+    history = Episodes(num_envs, capacity, records)
     saw_cut = False
     for call in range(40):
         state = add(state, history.make(int(rng.integers(1, capacity + 1)), done_probability, rng))
         complete = [history.complete(env) for env in range(num_envs)]
-        np.testing.assert_array_equal(state.filled, [len(c) for c in complete])
+        np.testing.assert_array_equal(state.side.size, [len(c) for c in complete])
         assert bool(buffer.can_sample(state)) == any(complete)
         if not any(complete):
             continue
         got = jax.device_get(sample(state, jax.random.key(call)))
         assert got.valid.all()
         seen = set()
-        total = len(history.steps[0])
         for i in range(batch):
-            env = int(got.env_indices[i])
-            oldest = total - min(total, capacity)
-            first = oldest + (int(got.time_indices[i]) - oldest) % capacity
+            env, slot = divmod(int(got.indices[i]), records)
+            first = int(state.side.first_step[env, slot])
             length = int(got.length[i])
             assert (first, length) in complete[env], (call, env, first, length)
             seen.add((env, first))
@@ -112,7 +111,7 @@ def test_each_complete_episode_is_equally_likely_whatever_its_length():
     }
     state = buffer.add(buffer.init(EXAMPLE), steps)
     got = jax.device_get(jax.jit(buffer.sample)(state, jax.random.key(7)))
-    pairs = list(zip(got.env_indices.tolist(), got.time_indices.tolist(), strict=True))
+    pairs = got.indices[:, None]
     _, counts = np.unique(np.array(pairs), axis=0, return_counts=True)
     assert len(counts) == 7
     assert stats.chisquare(counts).pvalue > 1e-3
@@ -129,9 +128,9 @@ def test_unfinished_and_overwritten_episodes_are_never_sampled():
     assert not buffer.can_sample(state)  # one open episode only
     assert not jax.jit(buffer.sample)(state, jax.random.key(0)).valid.any()
     state = buffer.add(state, step([False, True]))  # an episode of 7 steps
-    assert int(state.filled[0]) == 1 and bool(buffer.can_sample(state))
+    assert int(state.side.size[0]) == 1 and bool(buffer.can_sample(state))
     state = buffer.add(state, step([False, False]))  # its first step is overwritten
-    assert int(state.filled[0]) == 0 and not buffer.can_sample(state)
+    assert int(state.side.size[0]) == 0 and not buffer.can_sample(state)
 
 
 def test_vmap_add_step_and_no_retracing():

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import prioritized_replay
 
 import jaxbuf
 
@@ -29,10 +30,10 @@ def good_items(batch=2):
         (dict(sample_batch_size=0), ValueError, "sample_batch_size must be in [1,"),
         (dict(min_size=0), ValueError, "min_size must be in [1,"),
         (dict(min_size=11), ValueError, "min_size=11 exceeds capacity=10"),
-        (dict(replacement="no"), TypeError, "replacement must be a bool, got 'no' of type str"),
+        (dict(sampler="uniform"), TypeError, "sampler must be jaxbuf.uniform(...) or jaxbuf"),
         (dict(truncate_ok=1), TypeError, "truncate_ok must be a bool, got 1 of type int"),
         (
-            dict(sample_batch_size=11, replacement=False),
+            dict(sample_batch_size=11, sampler=jaxbuf.uniform(replacement=False)),
             ValueError,
             "sample_batch_size=11 exceeds capacity=10, so a batch without replacement",
         ),
@@ -192,14 +193,32 @@ def test_vectorized_add_checks_the_buffer_axis(items, message, variant):
 
 
 def test_vectorize_validates_its_arguments():
-    with pytest.raises(TypeError, match="vectorize takes a buffer made by make_replay_buffer"):
+    with pytest.raises(TypeError, match="vectorize takes a uniform replay buffer"):
         jaxbuf.vectorize((lambda: None, lambda: None), 2)
     with pytest.raises(
-        TypeError, match=re.escape("got PrioritizedReplayBuffer. For prioritized replay")
+        TypeError, match=re.escape("got ('replay', 'prioritized'). For prioritized replay")
     ):
-        jaxbuf.vectorize(jaxbuf.make_prioritized_replay_buffer(8, 2), 2)
+        jaxbuf.vectorize(prioritized_replay(8, 2), 2)
     buffer = jaxbuf.make_replay_buffer(2**20, 2)
     with pytest.raises(ValueError, match=re.escape("num_buffers must be in [1, 2047], got 4096")):
         jaxbuf.vectorize(buffer, 4096)
     with pytest.raises(ValueError, match=re.escape("num_buffers must be in [1,")):
         jaxbuf.vectorize(buffer, 0)
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: jaxbuf.uniform(replacement="no"), TypeError, "replacement must be a bool"),
+        (lambda: jaxbuf.prioritized(1.5), ValueError, "priority_exponent must be in [0, 1]"),
+        (lambda: jaxbuf.prioritized(stratified=1), TypeError, "stratified must be a bool"),
+        (
+            lambda: jaxbuf.make_trajectory_buffer(2, 8, 4, 2, sampler=jaxbuf.prioritized),
+            TypeError,
+            "sampler must be jaxbuf.uniform(...) or jaxbuf.prioritized(...), got function",
+        ),
+    ],
+)
+def test_bad_samplers_are_named(make, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        make()

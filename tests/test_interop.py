@@ -116,10 +116,7 @@ def test_torch_is_optional(monkeypatch, state):
         jaxbuf.to_torch({"x": jnp.zeros(2)})
 
 
-KIND_NAMES = (
-    "['prioritized_replay', 'prioritized_trajectory', 'prioritized_transition', 'queue', "
-    "'replay', 'rollout', 'trajectory', 'transition']"
-)
+KIND_NAMES = "['episode', 'queue', 'replay', 'rollout', 'trajectory', 'transition']"
 CONFIGS = {
     "replay": {"kind": "replay", "capacity": 1000, "sample_batch_size": 32, "min_size": 10},
     "vectorized": {"kind": "replay", "capacity": 100, "sample_batch_size": 8, "num_buffers": 4},
@@ -148,11 +145,19 @@ CONFIGS = {
         "min_episode_length": 50,
     },
     "prioritized": {
-        "kind": "prioritized_replay",
+        "kind": "replay",
         "capacity": 1000,
         "sample_batch_size": 32,
-        "priority_exponent": 0.7,
-        "stratified": False,
+        "sampler": {"kind": "prioritized", "priority_exponent": 0.7, "stratified": False},
+    },
+    "episode": {
+        "kind": "episode",
+        "num_envs": 2,
+        "capacity": 100,
+        "sample_batch_size": 4,
+        "max_length": 20,
+        "done_key": "info/done",
+        "sampler": {"kind": "prioritized"},
     },
     "queue": {"kind": "queue", "capacity": 64, "add_batch_size": 8, "sample_batch_size": 16},
 }
@@ -164,16 +169,25 @@ def test_buffers_build_from_dicts_and_files(tmp_path, name):
 
     config = CONFIGS[name]
     expected = jaxbuf.buffer_from_config(config)
-    options = {k: v for k, v in config.items() if k not in ("kind", "num_buffers")}
-    assert expected.config._asdict().items() >= options.items()
+    built_config = expected.config.to_dict()
+    for key, value in config.items():  # every given value, and the sampler's
+        if isinstance(value, dict):
+            assert built_config[key].items() >= value.items()
+        else:
+            assert built_config[key] == value
+    assert jaxbuf.buffer_from_config(expected.config).config == expected.config
     (tmp_path / "c.json").write_text(json.dumps(config))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
-    (tmp_path / "c.toml").write_text(toml)
+    (tmp_path / "c.toml").write_text("\n".join(f"{k} = {toml(v)}" for k, v in config.items()))
     for suffix in ("json", "yaml", "toml"):
         built = jaxbuf.buffer_from_config(tmp_path / f"c.{suffix}")
         assert type(built) is type(expected) and built.config == expected.config
-        assert getattr(built, "num_buffers", None) == config.get("num_buffers")
+
+
+def toml(value):
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import prioritized_replay, prioritized_trajectory, prioritized_transition
 
 import jaxbuf
 
@@ -39,11 +40,9 @@ def transitions(make):
 
 KINDS = {
     "transition": lambda: transitions(jaxbuf.make_transition_buffer),
-    "prioritized_replay": lambda: replay(jaxbuf.make_prioritized_replay_buffer),
-    "prioritized_trajectory": lambda: steps(
-        jaxbuf.make_prioritized_trajectory_buffer, sequence_length=2
-    ),
-    "prioritized_transition": lambda: transitions(jaxbuf.make_prioritized_transition_buffer),
+    "prioritized_replay": lambda: replay(prioritized_replay),
+    "prioritized_trajectory": lambda: steps(prioritized_trajectory, sequence_length=2),
+    "prioritized_transition": lambda: transitions(prioritized_transition),
 }
 
 

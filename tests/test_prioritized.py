@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import rejects_and_keeps_state
+from reference import prioritized_replay, rejects_and_keeps_state
 from scipy import stats
 
-import jaxbuf
 from jaxbuf import _sumtree
 
 EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros(2)}
@@ -89,7 +88,7 @@ def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant, me
 
 def test_random_operations_match_the_reference_at_every_wrap():
     capacity, batch, alpha = 10, 64, 0.7
-    buffer = jaxbuf.make_prioritized_replay_buffer(capacity, batch, priority_exponent=alpha)
+    buffer = prioritized_replay(capacity, batch, priority_exponent=alpha)
     add = jax.jit(buffer.add, donate_argnums=0)
     set_priorities = jax.jit(buffer.set_priorities, donate_argnums=0)
     sample = jax.jit(buffer.sample)
@@ -105,10 +104,10 @@ def test_random_operations_match_the_reference_at_every_wrap():
         priorities = rng.choice([0.0, 0.1, 1.0, 3.0, 10.0, -1.0, np.nan, np.inf], 8)
         state = set_priorities(state, jnp.asarray(indices), jnp.asarray(priorities, jnp.float32))
         reference.set(indices, priorities)
-        leaves = _sumtree.leaves(state.priorities.tree, jnp.arange(capacity))
+        leaves = _sumtree.leaves(state.sampler.tree, jnp.arange(capacity))
         np.testing.assert_allclose(leaves, reference.leaves(), rtol=1e-6)
-        assert int(state.priorities.rejected) == reference.rejected
-        np.testing.assert_allclose(float(state.priorities.max_priority), reference.max_priority)
+        assert int(state.sampler.rejected) == reference.rejected
+        np.testing.assert_allclose(float(state.sampler.max_priority), reference.max_priority)
         expected = reference.leaves()
         assert bool(buffer.can_sample(state)) == (expected.sum() > 0)
         if expected.sum() == 0:
@@ -130,9 +129,7 @@ def test_random_operations_match_the_reference_at_every_wrap():
 @pytest.mark.parametrize("stratified", [True, False])
 def test_frequencies_are_proportional_to_priority_to_the_alpha(stratified):
     capacity, alpha = 12, 0.6
-    buffer = jaxbuf.make_prioritized_replay_buffer(
-        capacity, 256, priority_exponent=alpha, stratified=stratified
-    )
+    buffer = prioritized_replay(capacity, 256, priority_exponent=alpha, stratified=stratified)
     state = buffer.add(buffer.init(EXAMPLE), items(np.arange(capacity)))
     priorities = np.array([0.1, 1, 2, 3, 4, 5, 0, 7, 8, 9, 10, 20], np.float32)
     state = buffer.set_priorities(state, jnp.arange(capacity), jnp.asarray(priorities))
@@ -148,27 +145,27 @@ def test_frequencies_are_proportional_to_priority_to_the_alpha(stratified):
 
 def test_float32_never_draws_an_empty_or_zero_priority_slot_after_a_million_updates():
     capacity, batch = 5000, 256
-    buffer = jaxbuf.make_prioritized_replay_buffer(capacity, batch, priority_exponent=1.0)
+    buffer = prioritized_replay(capacity, batch, priority_exponent=1.0)
     example = {"id": jnp.int32(0)}
 
     def step(state, key):
         keys = jax.random.split(key, 4)
         state = buffer.add(state, {"id": jnp.zeros(7, jnp.int32)})
-        rows = jax.random.randint(keys[0], (batch,), 0, state.storage.size)
+        rows = jax.random.randint(keys[0], (batch,), 0, state.size)
         scale = 10.0 ** jax.random.randint(keys[1], (batch,), -30, 30).astype(jnp.float32)
         zero = jax.random.uniform(keys[2], (batch,)) < 0.3
         priorities = jnp.where(zero, 0.0, jax.random.uniform(keys[3], (batch,)) * scale)
         state = buffer.set_priorities(state, rows, priorities)
         drawn = buffer.sample(state, key)
-        leaf = _sumtree.leaves(state.priorities.tree, drawn.indices)
-        bad = jnp.sum(drawn.valid & ((leaf <= 0) | (drawn.indices >= state.storage.size)))
+        leaf = _sumtree.leaves(state.sampler.tree, drawn.indices)
+        bad = jnp.sum(drawn.valid & ((leaf <= 0) | (drawn.indices >= state.size)))
         return state, (bad, drawn.valid.all() | ~buffer.can_sample(state))
 
     state = buffer.init(example)
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
     state, (bad, consistent) = run(state, jax.random.split(jax.random.key(0), 4000))
     assert int(bad.sum()) == 0 and bool(consistent.all())  # 4000 * 256 > 1e6 updates
-    tree = state.priorities.tree
+    tree = state.sampler.tree
     leaves = np.asarray(_sumtree.leaves(tree, jnp.arange(capacity)), np.float64)
     np.testing.assert_allclose(float(tree.total), leaves.sum(), rtol=1e-5)
     # Targets at and past the float32 total still land on positive leaves.
@@ -179,17 +176,17 @@ def test_float32_never_draws_an_empty_or_zero_priority_slot_after_a_million_upda
 
 
 def test_rejected_priorities_leave_the_tree_intact():
-    buffer = jaxbuf.make_prioritized_replay_buffer(4, 8)
+    buffer = prioritized_replay(4, 8)
     state = buffer.add(buffer.init(EXAMPLE), items([0, 1, 2]))
-    before = jax.device_get(state.priorities.tree)
+    before = jax.device_get(state.sampler.tree)
     bad = jnp.array([-1.0, jnp.nan, jnp.inf, 5.0, 5.0])
     state = buffer.set_priorities(state, jnp.array([0, 1, 2, 3, -1]), bad)  # 3 and -1: no item
-    chex.assert_trees_all_equal(jax.device_get(state.priorities.tree), before)
-    assert int(state.priorities.rejected) == 5 and float(state.priorities.max_priority) == 1.0
+    chex.assert_trees_all_equal(jax.device_get(state.sampler.tree), before)
+    assert int(state.sampler.rejected) == 5 and float(state.sampler.max_priority) == 1.0
 
 
 def test_vmap_across_buffers_equals_a_loop_and_beta_anneals_without_retracing():
-    buffer = jaxbuf.make_prioritized_replay_buffer(6, 5)
+    buffer = prioritized_replay(6, 5)
     examples = jax.tree.map(lambda x: jnp.zeros((3, *x.shape), x.dtype), EXAMPLE)
     states = jax.vmap(buffer.init)(examples)
     chunks = items(np.arange(12).reshape(3, 4))
@@ -199,7 +196,9 @@ def test_vmap_across_buffers_equals_a_loop_and_beta_anneals_without_retracing():
     states = jax.vmap(buffer.set_priorities)(states, indices, priorities)
     keys = jax.random.split(jax.random.key(0), 3)
     sample = chex.assert_max_traces(buffer.sample, n=1)
-    jitted = jax.jit(jax.vmap(sample, in_axes=(0, 0, None)))
+    jitted = jax.jit(
+        jax.vmap(lambda s, k, b: sample(s, k, importance_exponent=b), in_axes=(0, 0, None))
+    )
     for beta in (0.4, 0.7, 1.0):  # a traced beta: one trace for all
         batches = jitted(states, keys, jnp.float32(beta))
         for i in range(3):
@@ -210,7 +209,7 @@ def test_vmap_across_buffers_equals_a_loop_and_beta_anneals_without_retracing():
 
 
 def test_donated_add_and_set_priorities_alias_the_state():
-    buffer = jaxbuf.make_prioritized_replay_buffer(1000, 8)
+    buffer = prioritized_replay(1000, 8)
     state = buffer.init(EXAMPLE)
     text = jax.jit(buffer.add, donate_argnums=0).lower(state, items(np.arange(8))).as_text()
     assert text.count("tf.aliasing_output") == len(jax.tree.leaves(state))
@@ -230,7 +229,7 @@ def test_donated_add_and_set_priorities_alias_the_state():
 )
 def test_configuration_errors(kwargs, error, match):
     with pytest.raises(error, match=re.escape(match)):
-        jaxbuf.make_prioritized_replay_buffer(8, 4, **kwargs)
+        prioritized_replay(8, 4, **kwargs)
 
 
 @pytest.mark.parametrize("wrap", ["eager", "jit", "vmap"])
@@ -247,13 +246,13 @@ def test_configuration_errors(kwargs, error, match):
     ],
 )  # fmt: skip
 def test_set_priorities_errors(wrap, args, error, match):
-    buffer = jaxbuf.make_prioritized_replay_buffer(8, 4)
+    buffer = prioritized_replay(8, 4)
     state = buffer.add(buffer.init(EXAMPLE), items([1, 2]))
     rejects_and_keeps_state(wrap, buffer.set_priorities, state, *args, error=error, match=match)
 
 
 def test_add_and_sample_errors_are_named():
-    buffer = jaxbuf.make_prioritized_replay_buffer(8, 4)
+    buffer = prioritized_replay(8, 4)
     state = buffer.init(EXAMPLE)
     with pytest.raises(
         TypeError, match=re.escape("items['obs'] has dtype int32; expected float32")

@@ -7,12 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import env_time, prioritized_trajectory, prioritized_transition
 from test_trajectory import EXAMPLE, History, make_steps
 from test_transition import EXAMPLE as TRANSITION
 from test_transition import Environments
 from test_transition import Reference as TransitionReference
 
-import jaxbuf
 from jaxbuf import _sumtree
 
 
@@ -40,19 +40,19 @@ class Priorities:
 
 
 def check_leaves(state, capacity, slot_of, priorities):
-    num_slots = jax.tree.leaves(state.storage)[0].shape[0] * capacity
-    leaves = np.asarray(_sumtree.leaves(state.priorities.tree, jnp.arange(num_slots)))
+    num_slots = jax.tree.leaves(state.experience)[0].shape[0] * capacity
+    leaves = np.asarray(_sumtree.leaves(state.sampler.tree, jnp.arange(num_slots)))
     expected = np.zeros(num_slots)
     for start, p in priorities.by_start.items():
         expected[slot_of(start)] = p**priorities.alpha if p > 0 else 0.0
     np.testing.assert_allclose(leaves, expected, rtol=1e-6)
-    assert int(state.priorities.rejected) == priorities.rejected
+    assert int(state.sampler.rejected) == priorities.rejected
 
 
 @pytest.mark.parametrize("period, length", [(1, 1), (1, 4), (3, 6)])
 def test_sequences_follow_priorities_and_never_straddle_the_write_position(period, length):
     num_envs, capacity, batch, alpha = 3, 12, 64, 0.8
-    buffer = jaxbuf.make_prioritized_trajectory_buffer(
+    buffer = prioritized_trajectory(
         num_envs, capacity, batch, length, period=period, priority_exponent=alpha,
         done_fn=lambda s: s["done"],
     )  # fmt: skip
@@ -80,7 +80,7 @@ def test_sequences_follow_priorities_and_never_straddle_the_write_position(perio
         got = jax.device_get(sample(state, jax.random.key(call), importance_exponent=0.5))
         assert got.valid.all()
         for i in range(batch):
-            env, time = int(got.env_indices[i]), int(got.time_indices[i])
+            env, time = divmod(int(got.indices[i]), capacity)
             assert time in starts and got.indices[i] == env * capacity + time
             window = history.sequence(env, starts[time], length)
             np.testing.assert_array_equal(got.experience["t"][i], window["t"])
@@ -96,7 +96,7 @@ def test_sequences_follow_priorities_and_never_straddle_the_write_position(perio
 
 def test_transitions_follow_priorities_and_match_naive_n_step_targets():
     num_envs, capacity, batch, n, discount = 3, 12, 128, 3, 0.9
-    buffer = jaxbuf.make_prioritized_transition_buffer(
+    buffer = prioritized_transition(
         num_envs, capacity, batch, n_step=n, discount=discount, priority_exponent=1.0
     )
     add, sample = jax.jit(buffer.add, donate_argnums=0), jax.jit(buffer.sample)
@@ -118,45 +118,43 @@ def test_transitions_follow_priorities_and_match_naive_n_step_targets():
             continue
         got = jax.device_get(sample(state, jax.random.key(call)))
         assert got.valid.all()
-        t = got.transitions
-        starts = [history.number(e, s) for e, s in zip(t.env_indices, t.time_indices, strict=True)]
-        for i, (env, start) in enumerate(zip(t.env_indices.tolist(), starts, strict=True)):
+        t, (env_indices, time_indices) = got.experience, env_time(got, capacity)
+        starts = [history.number(e, s) for e, s in zip(env_indices, time_indices, strict=True)]
+        for i, (env, start) in enumerate(zip(env_indices.tolist(), starts, strict=True)):
             assert (env, start) in allowed
             _, ret, disc, following, length = history.target(env, start)
             np.testing.assert_allclose(t.reward[i], ret, rtol=1e-5, atol=1e-6)
-            assert t.discount[i] == pytest.approx(disc) and t.length[i] == length
+            assert t.discount[i] == pytest.approx(disc) and got.length[i] == length
             assert t.next_obs["id"][i] == following["id"]
         probability = {
             s: p / sum(reference.by_start.values()) for s, p in reference.by_start.items()
         }
-        expected = [
-            probability[(e, s)] for e, s in zip(t.env_indices.tolist(), starts, strict=True)
-        ]
+        expected = [probability[(e, s)] for e, s in zip(env_indices.tolist(), starts, strict=True)]
         np.testing.assert_allclose(got.probabilities, expected, rtol=1e-5)
         values = rng.uniform(0, 5, 8).astype(np.float32)
         state = set_priorities(state, jnp.asarray(got.indices[:8]), jnp.asarray(values))
-        reference.set(list(zip(t.env_indices[:8].tolist(), starts[:8], strict=True)), values)
+        reference.set(list(zip(env_indices[:8].tolist(), starts[:8], strict=True)), values)
 
 
 def test_transitions_whose_final_observation_is_lost_come_back_invalid():
-    buffer = jaxbuf.make_prioritized_transition_buffer(2, 12, 256, n_step=2, min_episode_length=6)
+    buffer = prioritized_transition(2, 12, 256, n_step=2, min_episode_length=6)
     state = buffer.init(TRANSITION)
     rng = np.random.default_rng(0)
     envs = Environments(2, 0.6, rng)  # episodes far shorter than 6 steps
     for _ in range(6):
         state = buffer.add(state, envs.steps(8)[1])
-    assert np.asarray(state.storage.stale).any()
+    assert np.asarray(state.side.stale).any()
     got = jax.device_get(buffer.sample(state, jax.random.key(0)))
-    storage = state.storage.storage
-    offsets = (got.transitions.time_indices - (int(storage.position) - int(storage.size))) % 12
-    fresh = offsets >= np.asarray(state.storage.stale)[got.transitions.env_indices]
+    env_indices, time_indices = env_time(got, 12)
+    offsets = (time_indices - (int(state.position) - int(state.size))) % 12
+    fresh = offsets >= np.asarray(state.side.stale)[env_indices]
     np.testing.assert_array_equal(got.valid, fresh)
     assert (~got.valid).any() and got.valid.any()
     assert (got.weights[~got.valid] == 0).all()
 
 
 def test_add_step_vmap_and_errors():
-    buffer = jaxbuf.make_prioritized_trajectory_buffer(2, 8, 4, 3)
+    buffer = prioritized_trajectory(2, 8, 4, 3)
     steps = make_steps(2, 5, 0, np.random.default_rng(0))
     whole = buffer.add(buffer.init(EXAMPLE), steps)
     stepwise = buffer.init(EXAMPLE)
@@ -173,6 +171,6 @@ def test_add_step_vmap_and_errors():
     with pytest.raises(TypeError, match=re.escape("priorities must be floating point")):
         jax.jit(buffer.set_priorities)(whole, jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match=re.escape("priority_exponent must be in [0, 1]")):
-        jaxbuf.make_prioritized_transition_buffer(2, 8, 4, priority_exponent=-0.1)
+        prioritized_transition(2, 8, 4, priority_exponent=-0.1)
     with pytest.raises(ValueError, match=re.escape("period=3 does not divide capacity=8")):
-        jaxbuf.make_prioritized_trajectory_buffer(2, 8, 4, 2, period=3)
+        prioritized_trajectory(2, 8, 4, 2, period=3)

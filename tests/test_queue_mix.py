@@ -69,8 +69,8 @@ def test_mix_takes_fixed_shares_and_says_where_items_came_from():
     sample = jax.jit(jaxbuf.mix(buffers, [0.5, 0.3, 0.2], sample_batch_size=16))
     states = [filled(b, 10 * (i + 1), 5 + i) for i, b in enumerate(buffers)]
     batch = sample(states, jax.random.key(0))
-    assert np.bincount(np.asarray(batch.sources)).tolist() == [8, 5, 3]
-    np.testing.assert_array_equal(batch.experience["id"], 10 * (np.asarray(batch.sources) + 1))
+    assert np.bincount(np.asarray(batch.source)).tolist() == [8, 5, 3]
+    np.testing.assert_array_equal(batch.experience["id"], 10 * (np.asarray(batch.source) + 1))
     assert bool(batch.valid.all())
     below = jaxbuf.make_replay_buffer(50, 16, min_size=40)
     batch = jaxbuf.mix([buffers[0], below], [1, 1], 8)(

@@ -22,7 +22,7 @@ def random_items(rng: np.random.Generator, batch: int, start: int) -> dict:
     }
 
 
-def assert_matches(state: jaxbuf.ReplayBufferState, ref: RingBuffer) -> None:
+def assert_matches(state: jaxbuf.RingState, ref: RingBuffer) -> None:
     chex.assert_trees_all_equal(jax.device_get(state.experience), ref.storage)
     assert int(state.position) == ref.position
     assert int(state.size) == ref.size
@@ -88,7 +88,7 @@ def test_state_is_a_flax_dataclass_of_explicitly_typed_arrays():
     restored = jax.tree_util.tree_unflatten(
         jax.tree_util.tree_structure(state), jax.tree_util.tree_leaves(state)
     )
-    assert isinstance(restored, jaxbuf.ReplayBufferState)
+    assert isinstance(restored, jaxbuf.RingState)
 
 
 def filled(capacity=20, total=33, **options):
@@ -127,7 +127,7 @@ def test_sample_below_min_size_is_real_data_flagged_invalid():
 
 @pytest.mark.parametrize("replacement", [True, False])
 def test_sample_from_an_empty_buffer_is_zeros_flagged_invalid(replacement):
-    buffer = jaxbuf.make_replay_buffer(8, 4, replacement=replacement)
+    buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.uniform(replacement=replacement))
     batch = jax.jit(buffer.sample)(buffer.init(EXAMPLE), jax.random.key(0))
     assert not bool(batch.valid.any()) and np.all(np.asarray(batch.indices) == 0)
     assert all(not np.asarray(x).any() for x in jax.tree.leaves(batch.experience))
@@ -159,7 +159,9 @@ def test_sampling_with_replacement_is_uniform(total):
 
 
 def test_sampling_without_replacement_is_distinct_and_uniform():
-    buffer, state = filled(capacity=40, total=70, sample_batch_size=16, replacement=False)
+    buffer, state = filled(
+        capacity=40, total=70, sample_batch_size=16, sampler=jaxbuf.uniform(replacement=False)
+    )
     keys = jax.random.split(jax.random.key(7), 800)
     indices = np.asarray(jax.jit(jax.vmap(buffer.sample, in_axes=(None, 0)))(state, keys).indices)
     assert all(len(set(row)) == 16 for row in indices.tolist())
@@ -169,13 +171,17 @@ def test_sampling_without_replacement_is_distinct_and_uniform():
 
 
 def test_sampling_without_replacement_takes_everything_when_size_equals_batch():
-    buffer, state = filled(capacity=16, total=16, sample_batch_size=16, replacement=False)
+    buffer, state = filled(
+        capacity=16, total=16, sample_batch_size=16, sampler=jaxbuf.uniform(replacement=False)
+    )
     batch = buffer.sample(state, jax.random.key(3))
     assert sorted(np.asarray(batch.indices).tolist()) == list(range(16))
 
 
 def test_sampling_without_replacement_below_batch_size_repeats_evenly():
-    buffer, state = filled(capacity=30, total=7, sample_batch_size=30, replacement=False)
+    buffer, state = filled(
+        capacity=30, total=7, sample_batch_size=30, sampler=jaxbuf.uniform(replacement=False)
+    )
     counts = np.bincount(np.asarray(buffer.sample(state, jax.random.key(3)).indices))
     assert set(counts.tolist()) <= {30 // 7, 30 // 7 + 1} and counts.sum() == 30
 
@@ -243,7 +249,10 @@ def test_from_data_equals_init_then_add():
     rng = np.random.default_rng(5)
     data = random_items(rng, 11, 0)
     buffer, state = jaxbuf.from_data(data, capacity=16, sample_batch_size=3, min_size=2)
-    assert buffer.config == jaxbuf.ReplayBufferConfig(16, 3, 2, True, False)
+    assert dict(buffer.config) == dict(
+        kind="replay", capacity=16, sample_batch_size=3, min_size=2, truncate_ok=False,
+        sampler=jaxbuf.uniform().config,
+    )  # fmt: skip
     ref = RingBuffer(16, EXAMPLE)
     ref.add(data)
     assert_matches(state, ref)

@@ -79,7 +79,7 @@ def test_finish_matches_numpy_gae_with_truncation_bootstraps(method, variant):
     np.testing.assert_allclose(state.advantages, advantages, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(state.returns, returns, rtol=1e-5, atol=1e-5)
     stored = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
-    chex.assert_trees_all_equal(jax.device_get(state.steps), stored)
+    chex.assert_trees_all_equal(jax.device_get(state.experience), stored)
 
 
 def test_a_partial_rollout_after_clear_ignores_stale_steps():
@@ -107,7 +107,7 @@ def test_adding_to_a_full_rollout_stores_nothing_and_counts_it():
     state = filled(buffer, steps)
     assert int(state.size) == 4 and int(state.dropped) == 3
     kept = {k: np.stack([s[k] for s in steps[:4]]) for k in steps[0]}
-    chex.assert_trees_all_equal(jax.device_get(state.steps), kept)
+    chex.assert_trees_all_equal(jax.device_get(state.experience), kept)
     state = buffer.clear(state)
     assert int(state.size) == 0 and int(state.dropped) == 0
 

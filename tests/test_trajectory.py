@@ -78,7 +78,7 @@ def test_sequences_are_consecutive_stored_steps_at_every_wrap(period, length):
         batch = jax.device_get(sample(state, jax.random.key(call)))
         assert batch.valid.all()
         for i in range(64):
-            env, start = int(batch.env_indices[i]), int(batch.time_indices[i])
+            env, start = divmod(int(batch.indices[i]), capacity)
             assert start in starts, (start, starts)
             expected = history.sequence(env, starts[start], length)
             chex.assert_trees_all_equal(
@@ -101,7 +101,7 @@ def test_starts_are_uniform_over_environments_and_allowed_starts():
     allowed = sorted(history.valid_starts(2, 5))
     keys = jax.random.split(jax.random.key(1), 800)
     batch = jax.jit(jax.vmap(buffer.sample, in_axes=(None, 0)))(state, keys)
-    pairs = np.asarray(batch.env_indices) * 20 + np.asarray(batch.time_indices)
+    pairs = np.asarray(batch.indices)
     cells = [env * 20 + start for env in range(4) for start in allowed]
     counts = np.bincount(pairs.ravel(), minlength=80)
     assert counts.sum() == counts[cells].sum()  # nothing outside the allowed starts

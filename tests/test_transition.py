@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import rejects_and_keeps_state
+from reference import env_time, rejects_and_keeps_state
 
 import jaxbuf
 
@@ -99,7 +99,7 @@ def test_samples_match_naive_full_transitions(n_step, min_episode_length, done_p
     state = buffer.init(EXAMPLE)
     rng = np.random.default_rng(n_step * 10 + min_episode_length)
     envs = Environments(num_envs, done_probability, rng)
-    reference = Reference(num_envs, capacity, n_step, discount, buffer.config.final_capacity)
+    reference = Reference(num_envs, capacity, n_step, discount, -(-capacity // min_episode_length))
     saw_stale = False
     for call in range(40):
         rows, steps = envs.steps(int(rng.integers(1, capacity + 1)))
@@ -107,29 +107,29 @@ def test_samples_match_naive_full_transitions(n_step, min_episode_length, done_p
         for env, row in enumerate(rows):
             reference.history[env].extend(row)
         allowed = [reference.allowed(env) for env in range(num_envs)]
-        saw_stale |= bool(np.asarray(state.stale).any())
+        saw_stale |= bool(np.asarray(state.side.stale).any())
         assert bool(buffer.can_sample(state)) == any(allowed)
         if not any(allowed):
             continue
         got = jax.device_get(sample(state, jax.random.key(call)))
         assert got.valid.all()
-        envs_got = got.env_indices.tolist()
-        starts = [
-            reference.number(e, t) for e, t in zip(envs_got, got.time_indices.tolist(), strict=True)
-        ]
+        envs_got, times = (x.tolist() for x in env_time(got, capacity))
+        starts = [reference.number(e, t) for e, t in zip(envs_got, times, strict=True)]
         for env, start in zip(envs_got, starts, strict=True):
             assert start in allowed[env], (call, env, start, allowed[env])
         seen = set(zip(envs_got, starts, strict=True))
         targets = [reference.target(e, s) for e, s in zip(envs_got, starts, strict=True)]
         first, ret, disc, following, length = (list(x) for x in zip(*targets, strict=True))
         np.testing.assert_array_equal(got.length, length)
-        np.testing.assert_allclose(got.reward, ret, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(got.discount, disc, rtol=1e-6)
-        np.testing.assert_array_equal(got.action, [f["action"] for f in first])
+        np.testing.assert_allclose(got.experience.reward, ret, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.experience.discount, disc, rtol=1e-6)
+        np.testing.assert_array_equal(got.experience.action, [f["action"] for f in first])
         for name in ("x", "id"):
-            np.testing.assert_array_equal(got.obs[name], np.stack([f["obs"][name] for f in first]))
             np.testing.assert_array_equal(
-                got.next_obs[name], np.stack([f[name] for f in following])
+                got.experience.obs[name], np.stack([f["obs"][name] for f in first])
+            )
+            np.testing.assert_array_equal(
+                got.experience.next_obs[name], np.stack([f[name] for f in following])
             )
         assert seen == {(e, s) for e in range(num_envs) for s in allowed[e]}
     assert saw_stale == (min_episode_length > 1)
@@ -149,7 +149,7 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
     add, sample = jax.jit(buffer.add), jax.jit(buffer.sample)
     state = add(buffer.init(jax.tree.map(lambda x: x[0, 0], steps)), steps)
     batch = sample(state, jax.random.key(0))
-    by_start = {int(t): i for i, t in enumerate(batch.time_indices)}
+    by_start = {int(t): i for i, t in enumerate(batch.indices)}
     assert sorted(by_start) == [0, 1, 2]  # starts 3, 4, 5 lack their 3 following steps
     expected = {  # start: (return, discount, next_obs, length)
         0: (1 + 0.5 * 2 + 0.25 * 3, 0.125, 99.0, 3),
@@ -158,21 +158,20 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
     }
     for start, (ret, disc, following, length) in expected.items():
         i = by_start[start]
-        assert batch.reward[i] == ret and batch.discount[i] == disc
-        assert batch.next_obs[i, 0] == following and batch.length[i] == length
+        assert batch.experience.reward[i] == ret and batch.experience.discount[i] == disc
+        assert batch.experience.next_obs[i, 0] == following and batch.length[i] == length
     state = add(state, jax.tree.map(lambda x: x[:, :2], steps))
     batch = sample(state, jax.random.key(1))
-    i = list(batch.time_indices).index(3)  # 50 -> 4 -> terminated (final obs 77)
-    assert batch.reward[i] == 4 + 0.5 * 5 and batch.discount[i] == 0.0
-    assert batch.next_obs[i, 0] == 77.0 and batch.obs[i, 0] == 50.0
+    i = list(batch.indices).index(3)  # 50 -> 4 -> terminated (final obs 77)
+    assert batch.experience.reward[i] == 4 + 0.5 * 5 and batch.experience.discount[i] == 0.0
+    assert batch.experience.next_obs[i, 0] == 77.0 and batch.experience.obs[i, 0] == 50.0
 
 
 def test_memory_is_one_observation_per_step_plus_the_side_ring():
     example = EXAMPLE.replace(obs=jnp.zeros(64), next_obs=jnp.zeros(64))
     buffer = jaxbuf.make_transition_buffer(4, 1000, 8, n_step=3, min_episode_length=100)
     state = buffer.init(example)
-    assert buffer.config.final_capacity == 10
-    assert state.final_obs.shape == (4, 10, 64) and state.final_slot.dtype == jnp.uint8
+    assert state.side.experience.shape == (4, 10, 64) and state.side.slot_of.dtype == jnp.uint8
     step_bytes = 64 * 4 + 4 + 4 + 2  # obs, action, reward, two flags
     per_step = sum(x.nbytes for x in jax.tree.leaves(state)) / (4 * 1000)
     assert step_bytes < per_step < 1.02 * step_bytes
@@ -200,7 +199,7 @@ def test_empty_buffer_samples_invalid_placeholders():
     state = buffer.init(EXAMPLE)
     assert not buffer.can_sample(state)
     batch = jax.jit(buffer.sample)(state, jax.random.key(0))
-    assert not batch.valid.any() and batch.obs["x"].shape == (4, 2)
+    assert not batch.valid.any() and batch.experience.obs["x"].shape == (4, 2)
 
 
 def test_add_step_equals_add_of_one_step_and_does_not_retrace():

@@ -60,10 +60,11 @@ def test_sample_says_where_each_item_came_from(variant):
     state = stacked_state(jaxbuf.make_replay_buffer(10, 64, min_size=3), [5, 0, 2, 10])
     sample = variant(buffers.sample)
     batch = sample(state, jax.random.key(0))
-    chex.assert_shape([batch.buffer_indices, batch.indices, batch.valid], (64,))
-    expected = jax.tree.map(lambda x: x[batch.buffer_indices, batch.indices], state.experience)
+    chex.assert_shape([batch.source, batch.indices, batch.valid], (64,))
+    which, rows = np.divmod(np.asarray(batch.indices), 10)
+    np.testing.assert_array_equal(batch.source, which)
+    expected = jax.tree.map(lambda x: x[which, rows], state.experience)
     chex.assert_trees_all_equal(batch.experience, expected)
-    which, rows = np.asarray(batch.buffer_indices), np.asarray(batch.indices)
     assert np.all(rows < np.array([5, 0, 2, 10])[which])
     np.testing.assert_array_equal(batch.valid, np.array([5, 0, 2, 10])[which] >= 3)
     assert not bool(buffers.can_sample(state))
@@ -72,12 +73,12 @@ def test_sample_says_where_each_item_came_from(variant):
 @pytest.mark.parametrize("replacement", [True, False])
 def test_sample_is_uniform_over_all_stored_items(replacement):
     sizes = [5, 0, 2, 10]
-    buffer = jaxbuf.make_replay_buffer(10, 8, replacement=replacement)
+    buffer = jaxbuf.make_replay_buffer(10, 8, sampler=jaxbuf.uniform(replacement=replacement))
     buffers = jaxbuf.vectorize(buffer, 4)
     state = stacked_state(buffer, sizes)
     keys = jax.random.split(jax.random.key(3), 1500)
     batch = jax.jit(jax.vmap(buffers.sample, in_axes=(None, 0)))(state, keys)
-    flat = np.asarray(batch.buffer_indices) * 10 + np.asarray(batch.indices)
+    flat = np.asarray(batch.indices)
     stored = [b * 10 + r for b, size in enumerate(sizes) for r in range(size)]
     counts = np.bincount(flat.ravel(), minlength=40)
     assert counts[np.setdiff1d(np.arange(40), stored)].sum() == 0
@@ -90,7 +91,7 @@ def test_sample_from_empty_buffers_is_flagged_invalid():
     buffers = jaxbuf.vectorize(jaxbuf.make_replay_buffer(4, 3), 2)
     batch = buffers.sample(buffers.init(EXAMPLE), jax.random.key(0))
     assert not bool(batch.valid.any())
-    assert np.all(np.asarray(batch.buffer_indices) < 2) and np.all(np.asarray(batch.indices) == 0)
+    assert np.all(np.asarray(batch.source) < 2) and np.all(np.asarray(batch.indices) % 4 == 0)
 
 
 def test_vectorized_functions_never_retrace_and_donate():

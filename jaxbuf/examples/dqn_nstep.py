@@ -5,7 +5,7 @@ Run with `python -m jaxbuf.examples.dqn_nstep [--seed N] [--quiet]` (both varian
 The same agent as `dqn_cartpole`, but each environment step goes into a
 `make_transition_buffer` (observations stored once, n-step returns computed at
 sample time, truncations bootstrapped from the true final observation) or its
-prioritized twin `make_prioritized_transition_buffer`. With priorities, the loss
+prioritized twin (`sampler=jaxbuf.prioritized()`). With priorities, the loss
 is weighted by the importance weights, beta anneals from 0.4 to 1 inside the
 jitted loop, and the new priorities are the absolute TD errors.
 """
@@ -49,14 +49,15 @@ CONFIG = dict(
 def make_buffer(config: dict, prioritized: bool):
     """The transition buffer of the agent, uniform or prioritized."""
     args = (config["num_envs"], config["steps_per_env"], config["batch_size"])
-    options = dict(
-        n_step=config["n_step"], discount=config["discount"], min_size=config["learning_starts"]
+    sampler = (
+        jaxbuf.prioritized(priority_exponent=config["priority_exponent"])
+        if prioritized
+        else jaxbuf.uniform()
     )
-    if prioritized:
-        return jaxbuf.make_prioritized_transition_buffer(
-            *args, **options, priority_exponent=config["priority_exponent"]
-        )
-    return jaxbuf.make_transition_buffer(*args, **options)
+    return jaxbuf.make_transition_buffer(
+        *args, n_step=config["n_step"], discount=config["discount"],
+        min_size=config["learning_starts"], sampler=sampler,
+    )  # fmt: skip
 
 
 def make_train(config: dict, env, env_params, prioritized: bool):
@@ -87,7 +88,7 @@ def make_train(config: dict, env, env_params, prioritized: bool):
             jnp.zeros((), jnp.int32), key,
         )  # fmt: skip
 
-    def td_errors(params, target_params, batch: jaxbuf.NStepSample) -> jax.Array:
+    def td_errors(params, target_params, batch: jaxbuf.Transition) -> jax.Array:
         q = network.apply(params, batch.obs)
         q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=1)[:, 0]
         next_q = jnp.max(network.apply(target_params, batch.next_obs), axis=1)
@@ -101,9 +102,9 @@ def make_train(config: dict, env, env_params, prioritized: bool):
                 config["importance_end"] - config["importance_start"]
             )  # a traced value: annealed inside the jitted loop
             drawn = buffer.sample(runner.buffer_state, key, importance_exponent=beta)
-            batch, weights = drawn.transitions, drawn.weights
+            batch, weights = drawn.experience, drawn.weights
         else:
-            batch = buffer.sample(runner.buffer_state, key)
+            batch = buffer.sample(runner.buffer_state, key).experience
             weights = jnp.ones(config["batch_size"])
 
         def loss_fn(params):

@@ -1,0 +1,246 @@
+"""One assembly for every sampled kind: a kind (storage, anchors, unit) × a sampler.
+
+A kind knows where its data lives and how it is written (`init`, `write`),
+which slots may be drawn now (its anchors: `num_slots`, `groups`, `counts`,
+`slot`, `usable`), what one drawn slot expands into (`expand`: an item, a
+window, an n-step transition, a padded episode) and when the buffer is ready
+(`ready`: `min_size`). `sample` is then `sampler.draw` over the anchors,
+`kind.expand` of the drawn slots and one read from storage, which is also what
+`take(state, indices)` does: a sample's `indices` can always be handed back to
+`take` and `set_priorities`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuf._samplers import Changes, Sampler, uniform
+from jaxbuf._types import Buffer, Config, PyTree, Sample
+
+
+class Kind(NamedTuple):
+    """A sampled kind's parts (see the module docstring)."""
+
+    init: Callable[[PyTree], Any]
+    write: Callable[[Any, PyTree], tuple[Any, Changes]]
+    num_slots: int
+    groups: int
+    counts: Callable[[Any], jax.Array]
+    slot: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    usable: Callable[[Any, jax.Array], jax.Array]
+    expand: Callable[[Any, jax.Array], tuple[PyTree, jax.Array | None, jax.Array | None]]
+    ready: Callable[[Any], jax.Array]
+    one_step: Callable[[Any, PyTree], PyTree] | None = None
+
+
+def init(kind: Kind, sampler: Sampler, example: PyTree) -> Any:
+    """Creates an empty state.
+
+    Args:
+      example: ONE item (replay) or step (per-environment kinds), a pytree of arrays
+        or scalars without batch axes. Only its structure, shapes and dtypes are
+        used; storage is preallocated and zero-filled.
+
+    Returns:
+      The state: `experience` leaves `[capacity, ...]` (replay) or `[num_envs,
+      capacity, ...]`, counters `position`, `size`, `added`, the kind's `side`
+      records and the `sampler`'s state.
+    """
+    return kind.init(example).replace(sampler=sampler.init(kind.num_slots))
+
+
+def add(kind: Kind, sampler: Sampler, state: Any, data: PyTree) -> Any:
+    """Adds data and returns the new state; donate the state to write in place.
+
+    Args:
+      state: the current state.
+      data: leaves `[B, *item]` (replay) or `[num_envs, T, *step]` (trajectory,
+        transition, episode; `T <= capacity`), with the example's structure and
+        dtypes (checked at trace time, errors naming the leaf).
+
+    Returns:
+      The new state.
+    """
+    state, changes = kind.write(state, data)
+    return state.replace(sampler=sampler.after_add(state.sampler, changes))
+
+
+def add_step(kind: Kind, sampler: Sampler, state: Any, step: PyTree) -> Any:
+    """Adds one step per environment, leaves `[num_envs, *step]`: `add` with `T = 1`."""
+    assert kind.one_step is not None
+    return add(kind, sampler, state, kind.one_step(state, step))
+
+
+def sample(kind: Kind, sampler: Sampler, batch: int, state: Any, key: jax.Array, **options):
+    """Draws `sample_batch_size` items; never fails (check `valid` or `can_sample`).
+
+    Args:
+      state: the buffer state.
+      key: a PRNG key.
+      **options: the sampler's options: `importance_exponent` (beta, default 0.4,
+        a float or traced scalar) for `prioritized`.
+
+    Returns:
+      A `Sample`: `experience` leaves `[B, *item]` (replay), `[B, L, *step]`
+      (trajectory windows, with `mask` `[B, L]` given a `done_fn`), a
+      `Transition` of `[B, ...]` leaves (n-step transitions, with `length`), or
+      `[B, max_length, *step]` (padded episodes, with `mask` and `length`);
+      `indices` and `valid` `[B]`; `probabilities` and `weights` `[B]` with a
+      prioritized sampler. Below `min_size` the items are still drawn where
+      anything is drawable, and `valid` is false (weights 0).
+    """
+    drawn = sampler.draw(kind, state, key, batch, **options)
+    experience, mask, length = kind.expand(state, drawn.slots)
+    valid = drawn.valid & kind.ready(state)
+    weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
+    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
+
+
+def can_sample(kind: Kind, sampler: Sampler, state: Any) -> jax.Array:
+    """bool scalar: the buffer holds `min_size` and something is drawable."""
+    return kind.ready(state) & sampler.available(kind, state)
+
+
+def take(kind: Kind, state: Any, indices: jax.Array) -> PyTree:
+    """What `sample` returned as `experience` for these `indices` (a sample's).
+
+    Args:
+      state: the buffer state.
+      indices: int `[k]`, as in `Sample.indices`; values outside `[0, num_slots)`
+        are clamped. For indices that are not drawable now (`valid` false) the
+        result is what storage holds there, not a stored item.
+
+    Returns:
+      The items, leaves `[k, ...]` as in `Sample.experience`.
+    """
+    indices = jnp.asarray(indices)
+    if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"indices must be a 1-D integer array [k], got {indices.dtype}"
+                        f"{list(indices.shape)}.")  # fmt: skip
+    slots = jnp.clip(indices.astype(jnp.int32), 0, kind.num_slots - 1)
+    return kind.expand(state, slots)[0]
+
+
+def set_priorities(kind: Kind, sampler: Sampler, state: Any, indices, priorities) -> Any:
+    """Sets the priorities of drawn anchors (see `jaxbuf.prioritized`).
+
+    Args:
+      state: the buffer state.
+      indices: int `[B]`, a sample's `indices`.
+      priorities: float `[B]`, non-negative and finite (others are ignored and
+        counted in `state.sampler.rejected`).
+
+    Returns:
+      The new state.
+    """
+    assert sampler.set_priorities is not None
+    return sampler.set_priorities(kind, state, indices, priorities)
+
+
+def _bind(fn: Callable, *bound: Any) -> Callable:
+    """`fn` with its first arguments bound, keeping its name, docstring and the
+    signature of the remaining arguments (so `help()` shows them)."""
+
+    def bound_fn(*args, **kwargs):
+        return fn(*bound, *args, **kwargs)
+
+    signature = inspect.signature(fn)
+    parameters = list(signature.parameters.values())[len(bound) :]
+    bound_fn.__name__ = bound_fn.__qualname__ = fn.__name__
+    bound_fn.__doc__ = fn.__doc__
+    bound_fn.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    return bound_fn
+
+
+def check_sampler(sampler: Any) -> Sampler:
+    if not isinstance(sampler, Sampler):
+        raise TypeError(
+            "sampler must be jaxbuf.uniform(...) or jaxbuf.prioritized(...), got "
+            f"{type(sampler).__name__}."
+        )
+    return sampler
+
+
+def assemble(kind: Kind, sampler: Sampler, batch: int, /, **config: Any) -> Buffer:
+    """The `Buffer` of a kind and a sampler drawing `batch` items per `sample`."""
+    return Buffer(
+        init=_bind(init, kind, sampler),
+        add=_bind(add, kind, sampler),
+        sample=_bind(sample, kind, sampler, batch),
+        can_sample=_bind(can_sample, kind, sampler),
+        take=_bind(take, kind),
+        config=Config(**config, sampler=sampler.config),
+        add_step=None if kind.one_step is None else _bind(add_step, kind, sampler),
+        set_priorities=(
+            None if sampler.set_priorities is None else _bind(set_priorities, kind, sampler)
+        ),
+    )
+
+
+DEFAULT_SAMPLER = uniform()
+
+
+def window_times(starts: jax.Array, length: int, capacity: int) -> jax.Array:
+    """int32 `[B, length]`: the storage times of the `length` steps from each start."""
+    return (starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]) % capacity
+
+
+def valid_start(state: Any, times: jax.Array, span: int, period: int = 1) -> jax.Array:
+    """Whether storage times `times` start `span` stored, consecutive steps on the
+    `period` grid (never crossing the write position)."""
+    capacity = np.shape(jax.tree_util.tree_leaves(state.experience)[0])[1]
+    age = (state.position - 1 - times) % capacity  # 0: the newest step
+    return (times % period == 0) & (age >= span - 1) & (age < state.size)
+
+
+def span_changes(before: Any, after: Any, length: int, span: int, period: int = 1) -> Changes:
+    """Slots `env * capacity + time` after `length` steps were written at
+    `before.position`: the written rows are cleared (they are now the newest
+    steps), and the `length` starts whose `span` the add completed are filled
+    where they are valid starts."""
+    num_envs, capacity = np.shape(jax.tree_util.tree_leaves(after.experience)[0])[:2]
+    base = (jnp.arange(num_envs, dtype=jnp.int32) * capacity)[:, None]
+    j = jnp.arange(length, dtype=jnp.int32)[None, :]
+    completed = (before.position - span + 1 + j) % capacity
+    keep = jnp.broadcast_to(valid_start(after, completed, span, period), (num_envs, length))
+    return Changes(
+        cleared=(base + (before.position + j) % capacity).ravel(),
+        filled=(base + completed).ravel(),
+        keep=keep.ravel(),
+    )
+
+
+class DoneKey:
+    """A `done_fn` that reads the bool leaf at a `/`-separated key path of a step
+    (`"done"`, `"extras/done"`): the file form of a `done_fn` (`done_key`)."""
+
+    def __init__(self, key: str):
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"done_key must be a non-empty string, got {key!r}.")
+        self.key = key
+
+    def __call__(self, step: PyTree) -> jax.Array:
+        for part in self.key.split("/"):
+            try:
+                step = step[part]
+            except (KeyError, TypeError, IndexError):
+                raise ValueError(
+                    f"done_key {self.key!r}: the step has no key {part!r} on that path."
+                ) from None
+        return step
+
+    def __repr__(self) -> str:
+        return f"DoneKey({self.key!r})"
+
+
+def done_config(done_fn: Any) -> dict[str, Any]:
+    """How a `done_fn` appears in a configuration: `done_key` when it is one."""
+    if isinstance(done_fn, DoneKey):
+        return {"done_key": done_fn.key}
+    return {"done_key": None} if done_fn is None else {"done_fn": done_fn}

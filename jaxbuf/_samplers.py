@@ -1,0 +1,276 @@
+"""How a sampled buffer draws its anchors: `uniform` or `prioritized`.
+
+A sampler is a small record of pure functions whose state nests in the
+buffer's state (`state.sampler`), as `optax.chain` nests its states. It sees
+the buffer's kind only through the kind's anchors: `num_slots` slots, of which
+`counts(state)` per group are drawable, the `slot(state, group, member)` of
+each, and `usable(state, slots)`. The prioritized sampler keeps a sum tree
+over the slots whose leaf is positive exactly while the slot is drawable, and
+the kind reports, on every `add`, which slots stopped and started being
+drawable (`Changes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuf import _sampling, _sumtree, _validation
+from jaxbuf._types import Config, PyTree, _Record
+
+
+@struct.dataclass
+class PriorityState:
+    """The prioritized sampler's state.
+
+    Attributes:
+      tree: sums and minima of `priority ** priority_exponent` over the slots; a
+        slot's leaf is 0 while it may not be drawn.
+      max_priority: float32 scalar, the largest priority set so far (1 at first);
+        new items get it, as in Schaul et al. (2016).
+      rejected: int32 scalar, how many `set_priorities` entries were ignored
+        (negative or non-finite priorities, indices that are not drawable now).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(100, 8, sampler=jaxbuf.prioritized())
+      >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(5))
+      >>> state = buffer.set_priorities(state, jnp.array([0, 1]), jnp.array([2.0, -1.0]))
+      >>> float(state.sampler.max_priority), int(state.sampler.rejected)
+      (2.0, 1)
+    """
+
+    tree: _sumtree.SumTreeState
+    max_priority: jax.Array
+    rejected: jax.Array
+
+
+class Changes(struct.PyTreeNode):
+    """Which slots an `add` made undrawable (`cleared`, distinct where not -1) and
+    drawable (`filled` where `keep`, distinct); int32 arrays, or None for none."""
+
+    cleared: jax.Array | None
+    filled: jax.Array
+    keep: jax.Array | None = None
+
+
+class Drawn(struct.PyTreeNode):
+    slots: jax.Array
+    valid: jax.Array
+    probabilities: jax.Array | None = None
+    weights: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler(_Record):
+    """The pure functions of a sampler (see the module docstring).
+
+    Example:
+      >>> import jaxbuf
+      >>> jaxbuf.prioritized(priority_exponent=0.5).config
+      Config(kind='prioritized', priority_exponent=0.5, stratified=True)
+    """
+
+    config: Config
+    init: Callable[[int], PyTree]
+    draw: Callable[..., Drawn]
+    after_add: Callable[[PyTree, Changes], PyTree]
+    available: Callable[[Any, Any], jax.Array]
+    set_priorities: Callable[..., Any] | None = None
+
+
+def uniform(replacement: bool = True) -> Sampler:
+    """Draws every drawable anchor (item, window start, episode) with equal probability.
+
+    Args:
+      replacement: whether a batch may hold the same anchor twice. Without
+        replacement the anchors of a batch are distinct whenever at least
+        `sample_batch_size` are drawable; below that each appears
+        `sample_batch_size // n` or one more times.
+
+    Returns:
+      A `Sampler` for the `sampler=` argument of the `make_*` factories.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(10, 4, sampler=jaxbuf.uniform(replacement=False))
+      >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(4, dtype=jnp.int32))
+      >>> sorted(buffer.sample(state, jax.random.key(0)).experience.tolist())
+      [0, 1, 2, 3]
+    """
+    replacement = _validation.check_bool("replacement", replacement)
+    pick = _sampling.uniform_indices if replacement else _sampling.distinct_indices
+
+    def draw(kind, state, key, count: int) -> Drawn:
+        counts = kind.counts(state)
+        total = counts * kind.groups if counts.ndim == 0 else counts.sum()
+        flat = pick(key, total, count)
+        if kind.groups == 1:
+            group, member = jnp.zeros_like(flat), flat
+        elif counts.ndim == 0:  # every group holds `counts` anchors
+            group, member = jnp.divmod(flat, jnp.maximum(counts, 1))
+        else:
+            group, member = _sampling.locate(flat, counts)
+        slots = kind.slot(state, group, member)
+        return Drawn(slots, jnp.broadcast_to(total > 0, flat.shape))
+
+    def available(kind, state) -> jax.Array:
+        return jnp.sum(kind.counts(state)) > 0
+
+    config = Config(kind="uniform", replacement=replacement)
+    return Sampler(config, lambda num_slots: None, draw, lambda s, changes: s, available)
+
+
+def check_exponent(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a Python number, got {value!r}.")
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+    return float(value)
+
+
+def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Sampler:
+    """Draws anchors in proportion to priority (Schaul et al., 2016).
+
+    Anchor `i` is drawn with probability `P(i) = p_i**alpha / sum_k p_k**alpha`
+    (`alpha = priority_exponent`; 0 is uniform). A new anchor gets the largest
+    priority set so far (1 before any), so each is likely to be seen once. The
+    buffer then has `set_priorities(state, indices, priorities)`, and its
+    `sample(state, key, *, importance_exponent=0.4)` fills `probabilities` and
+    `weights` (beta may be a traced scalar, to anneal it inside `jit`).
+
+    `set_priorities` takes int `[B]` indices (a sample's) and float `[B]`
+    priorities. Where an index appears more than once, the last accepted entry
+    wins. A negative, NaN or infinite priority, or an index that is not drawable
+    now (out of range, not yet or no longer stored), is ignored and counted in
+    `state.sampler.rejected`. A priority of 0 stops the anchor from being drawn
+    until it is overwritten. In float32 a draw never returns an anchor of zero
+    priority or one never written.
+
+    Indices are storage positions, not item identities: if `add` overwrote a row
+    between `sample` and `set_priorities`, the priority goes to the new item
+    there, as in Dopamine and Flashbax. Keep the adds between a sample and its
+    update below the free capacity, as a usual training loop does.
+
+    Args:
+      priority_exponent: alpha, in [0, 1].
+      stratified: draw one anchor from each of `sample_batch_size` equal segments
+        of the total priority (the paper's scheme, lower variance); otherwise
+        every draw is independent.
+
+    Returns:
+      A `Sampler` for the `sampler=` argument of the `make_*` factories.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.prioritized(1.0))
+      >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(4, dtype=jnp.int32))
+      >>> state = buffer.set_priorities(state, jnp.arange(4), jnp.array([0.0, 0, 3, 1]))
+      >>> batch = buffer.sample(state, jax.random.key(0), importance_exponent=1.0)
+      >>> batch.experience.tolist(), batch.probabilities.tolist(), batch.weights.tolist()
+      ([2, 2, 2, 3], [0.75, 0.75, 0.75, 0.25], [0.333..., 0.333..., 0.333..., 1.0])
+    """
+    alpha = check_exponent("priority_exponent", priority_exponent)
+    stratified = _validation.check_bool("stratified", stratified)
+
+    def init(num_slots: int) -> PriorityState:
+        return PriorityState(
+            tree=_sumtree.init(num_slots),
+            max_priority=jnp.ones((), jnp.float32),
+            rejected=jnp.zeros((), jnp.int32),
+        )
+
+    def after_add(state: PriorityState, changes: Changes) -> PriorityState:
+        tree = state.tree
+        if changes.cleared is not None:  # -1 marks no slot
+            zero = jnp.zeros(changes.cleared.shape, jnp.float32)
+            tree = _sumtree.update(tree, changes.cleared, zero, changes.cleared >= 0, unique=True)
+        value = jnp.broadcast_to(state.max_priority**alpha, changes.filled.shape)
+        tree = _sumtree.update(tree, changes.filled, value, changes.keep, unique=True)
+        return state.replace(tree=tree)
+
+    def draw(kind, state, key, count: int, *, importance_exponent=0.4) -> Drawn:
+        _check_importance_exponent(importance_exponent)
+        drawn = _draw_in_proportion(
+            state.sampler, key, count, kind.num_slots, stratified, importance_exponent
+        )
+        return drawn.replace(valid=drawn.valid & kind.usable(state, drawn.slots))
+
+    def available(kind, state) -> jax.Array:
+        return state.sampler.tree.total > 0
+
+    def set_priorities(kind, state, indices: jax.Array, priorities: jax.Array):
+        indices, priorities = _check_update(indices, priorities)
+        slots = jnp.clip(indices, 0, kind.num_slots - 1)
+        allowed = (indices == slots) & kind.usable(state, slots)
+        return state.replace(sampler=_update(state.sampler, slots, priorities, allowed, alpha))
+
+    config = Config(kind="prioritized", priority_exponent=alpha, stratified=stratified)
+    return Sampler(config, init, draw, after_add, available, set_priorities)
+
+
+def _check_update(indices: Any, priorities: Any) -> tuple[jax.Array, jax.Array]:
+    """Trace-time checks of `set_priorities` arguments; returns int32 and float32 arrays."""
+    for name, value in (("indices", indices), ("priorities", priorities)):
+        if not hasattr(value, "shape") or np.ndim(value) != 1:
+            raise ValueError(
+                f"{name} must be a 1-D array [B], got "
+                f"{getattr(value, 'shape', type(value).__name__)}."
+            )
+    if np.shape(indices) != np.shape(priorities):
+        raise ValueError(
+            f"indices and priorities must have one shape [B], got {np.shape(indices)} "
+            f"and {np.shape(priorities)}."
+        )
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"indices must be integers, got dtype {indices.dtype}.")
+    if not jnp.issubdtype(priorities.dtype, jnp.floating):
+        raise TypeError(f"priorities must be floating point, got dtype {priorities.dtype}.")
+    return jnp.asarray(indices).astype(jnp.int32), jnp.asarray(priorities).astype(jnp.float32)
+
+
+def _update(state: PriorityState, slots, priorities, allowed, alpha: float) -> PriorityState:
+    """Sets the priorities of `slots` where `allowed`, the last occurrence winning;
+    negative, NaN and infinite priorities are ignored and counted in `rejected`."""
+    ok = allowed & jnp.isfinite(priorities) & (priorities >= 0)
+    value = jnp.where(ok, priorities, 0.0)
+    return state.replace(
+        tree=_sumtree.update(state.tree, slots, value**alpha, ok),
+        max_priority=jnp.maximum(state.max_priority, jnp.max(value, initial=0.0)),
+        rejected=state.rejected + jnp.sum(~ok, dtype=jnp.int32),
+    )
+
+
+def _draw_in_proportion(
+    state: PriorityState, key, count: int, num_slots: int, stratified: bool, beta
+) -> Drawn:
+    """`count` slots drawn in proportion to their leaves, with importance weights
+    `(N P(i))**-beta / max_j (N P(j))**-beta = (leaf_i / min_leaf)**-beta` over the
+    slots `j` of positive priority."""
+    beta = jnp.asarray(beta, jnp.float32)
+    words = _sampling.random_words(key, count)
+    uniform = (words >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # [0, 1)
+    if stratified:  # one draw in each of `count` equal segments of the mass
+        uniform = (jnp.arange(count, dtype=jnp.float32) + uniform) / count
+    # Every read of the tree happens inside `find` (see `_sumtree`).
+    slots, leaf, total, smallest = _sumtree.find(state.tree, uniform)
+    slots = jnp.minimum(slots, num_slots - 1)
+    positive = (leaf > 0) & (total > 0)
+    safe = jnp.where(positive, leaf, 1.0)
+    weights = jnp.where(positive, (safe / jnp.where(positive, smallest, 1.0)) ** -beta, 0.0)
+    probabilities = jnp.where(positive, safe / jnp.where(total > 0, total, 1.0), 0.0)
+    return Drawn(slots, positive, probabilities, weights)
+
+
+def _check_importance_exponent(value: Any) -> None:
+    if hasattr(value, "shape") and np.shape(value) != ():
+        raise ValueError(f"importance_exponent must be a scalar, got shape {np.shape(value)}.")
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.floating)):
+        raise TypeError(f"importance_exponent must be a float, got {value!r}.")

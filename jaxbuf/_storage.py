@@ -1,0 +1,239 @@
+"""Preallocated ring storage: a flat ring of items, or one time ring per environment.
+
+Writes touch only the written rows (a scatter with unique, in-bounds indices), so
+with a donated state XLA updates the storage in place and a write costs O(B),
+independent of the capacity.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuf import _validation
+from jaxbuf._types import PyTree
+
+# position + B must fit in int32 for every B <= capacity.
+MAX_CAPACITY = _validation.MAX_INT32 // 2
+
+
+@struct.dataclass
+class RingState:
+    """A flat ring of items (replay buffer), with its sampler's state.
+
+    Attributes:
+      experience: the storage, leaves `[capacity, *item_shape]`; rows `[0, size)`
+        hold items, the others zeros.
+      position: int32 scalar, the row the next item is written to.
+      size: int32 scalar, the number of stored items (at most `capacity`).
+      added: uint32 scalar, items ever added, modulo 2**32 (it wraps, never
+        overflows): `(added - earlier) % 2**32` counts the items added in between.
+      side: None (the flat ring keeps nothing beside its items).
+      sampler: the sampler's state: None (uniform) or a `PriorityState`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(100, 8)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
+      >>> state.experience["obs"].shape, int(state.size), int(state.position)
+      ((100, 3), 5, 5)
+    """
+
+    experience: PyTree
+    position: jax.Array
+    size: jax.Array
+    added: jax.Array
+    side: PyTree = None
+    sampler: PyTree = None
+
+    def stored_rows(self) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...], PyTree]:
+        """On the host: `(labels, index, tree)`, the stored items being
+        `tree[index]` in storage order (rows `[0, size)`; for a vectorized state,
+        `(buffer, row)` pairs buffer after buffer, labelled so)."""
+        size = np.asarray(self.size)
+        if size.ndim == 0:
+            return {}, (np.arange(int(size), dtype=np.int32),), self.experience
+        buffer = np.repeat(np.arange(len(size), dtype=np.int32), size)
+        row = np.concatenate([np.arange(n, dtype=np.int32) for n in size])
+        return {"buffer": buffer, "row": row}, (buffer, row), self.experience
+
+
+@struct.dataclass
+class TimeRingState:
+    """One time ring per environment (trajectory, transition and episode buffers).
+
+    Attributes:
+      experience: leaves `[num_envs, capacity, *step_shape]`, time-major per
+        environment: row `t` of environment `e` is one step.
+      position: int32 scalar, the time index the next step is written to (all
+        environments add together).
+      size: int32 scalar, the steps stored per environment.
+      added: uint32 scalar, steps ever added per environment, modulo 2**32.
+      side: what the kind keeps beside its steps: None (trajectory),
+        `FinalObservations` (transition) or `EpisodeRecords` (episode).
+      sampler: the sampler's state: None (uniform) or a `PriorityState`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
+      >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})
+      >>> state.experience["obs"].shape, int(state.size)
+      ((2, 50, 3), 7)
+    """
+
+    experience: PyTree
+    position: jax.Array
+    size: jax.Array
+    added: jax.Array
+    side: PyTree = None
+    sampler: PyTree = None
+
+    def stored_rows(self) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...], PyTree]:
+        """On the host: `(labels, index, tree)`, the stored steps being
+        `tree[index]`, environment after environment, each oldest first, labelled
+        with `env` and `time` (0 for the oldest stored step)."""
+        size, position = int(self.size), int(self.position)
+        num_envs, capacity = jax.tree_util.tree_leaves(self.experience)[0].shape[:2]
+        env, time = np.divmod(np.arange(num_envs * size, dtype=np.int32), max(size, 1))
+        rows = ((position - size + time) % capacity).astype(np.int32)
+        return {"env": env, "time": time}, (env, rows), self.experience
+
+
+def counters() -> dict[str, jax.Array]:
+    """Zero `position`, `size` (int32) and `added` (uint32)."""
+    # Distinct arrays: a donated state may not hold one buffer twice.
+    return {
+        "position": jnp.zeros((), jnp.int32),
+        "size": jnp.zeros((), jnp.int32),
+        "added": jnp.zeros((), jnp.uint32),
+    }
+
+
+def allocate(spec: PyTree, *shape: int) -> PyTree:
+    """Zero-filled storage `[*shape, *item_shape]` for the given item spec."""
+    return jax.tree.map(lambda s: jnp.zeros((*shape, *s.shape), s.dtype), spec)
+
+
+def capacity_of(experience: PyTree, axis: int = 0) -> int:
+    """The static capacity, read off the storage's ring axis."""
+    return jax.tree_util.tree_leaves(experience)[0].shape[axis]
+
+
+def item_spec(experience: PyTree, ring_axis: int) -> PyTree:
+    """One item's spec, read off storage leaves `[..., capacity, *item]`."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[ring_axis + 1 :], x.dtype), experience
+    )
+
+
+def write(experience: PyTree, position: jax.Array, items: PyTree) -> PyTree:
+    """Writes `items` (leaves `[B, ...]`, `B <= capacity`) at `position`, wrapping.
+
+    Item `j` goes to row `(position + j) % capacity`.
+    """
+    batch = jax.tree_util.tree_leaves(items)[0].shape[0]
+    rows = (position + jnp.arange(batch, dtype=jnp.int32)) % capacity_of(experience)
+
+    def put(column: jax.Array, values: jax.Array) -> jax.Array:
+        return column.at[rows].set(values, unique_indices=True, mode="promise_in_bounds")
+
+    return jax.tree.map(put, experience, items)
+
+
+def read(experience: PyTree, *indices: jax.Array) -> PyTree:
+    """Gathers `experience[indices]` (all in bounds) from every leaf."""
+    return jax.tree.map(lambda x: x.at[indices].get(mode="promise_in_bounds"), experience)
+
+
+def check_fits(batch: int, capacity: int, truncate_ok: bool, what: str) -> None:
+    """Raises unless `1 <= batch`, and `batch <= capacity` or truncation is allowed."""
+    if batch < 1:
+        raise ValueError(f"{what} holds no items (B=0); add at least one item per call.")
+    if batch > capacity and not truncate_ok:
+        raise ValueError(
+            f"{what} holds {batch} items but the capacity is {capacity}. Pass "
+            "truncate_ok=True to keep only the newest `capacity` of them."
+        )
+
+
+def append(state: RingState, items: PyTree) -> tuple[RingState, jax.Array]:
+    """Writes validated items `[B, ...]`; of more than `capacity`, the newest stay.
+
+    Returns the state and the rows written (int32 `[min(B, capacity)]`, distinct).
+    """
+    capacity = capacity_of(state.experience)
+    batch = jax.tree_util.tree_leaves(items)[0].shape[0]
+    keep = min(batch, capacity)
+    newest = jax.tree.map(lambda x: x[batch - keep :], items)
+    start = (state.position + (batch - keep) % capacity) % capacity
+    state = state.replace(
+        experience=write(state.experience, start, newest),
+        position=(state.position + batch % capacity) % capacity,
+        size=jnp.minimum(state.size + keep, capacity),
+        added=state.added + (batch % 2**32),
+    )
+    return state, (start + jnp.arange(keep, dtype=jnp.int32)) % capacity
+
+
+def append_steps(state: TimeRingState, steps: PyTree) -> TimeRingState:
+    """Writes validated steps `[num_envs, T, ...]`, `T <= capacity`, at `position`."""
+    capacity = capacity_of(state.experience, 1)
+    length = jax.tree_util.tree_leaves(steps)[0].shape[1]
+    return state.replace(
+        experience=jax.vmap(write, in_axes=(0, None, 0))(state.experience, state.position, steps),
+        position=(state.position + length) % capacity,
+        size=jnp.minimum(state.size + length, capacity),
+        added=state.added + length,
+    )
+
+
+def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> int:
+    """Checks steps (leaves `[num_envs, T, *step_shape]`) against the step spec; returns T."""
+    axes = [("num_envs", num_envs), ("T", None)]
+    _, length = _validation.check_batch(spec, steps, axes, what="steps")
+    if length > capacity:
+        raise ValueError(
+            f"steps holds T={length} steps per environment, more than capacity={capacity}."
+        )
+    return length
+
+
+def one_step(spec: PyTree, step: PyTree, num_envs: int) -> PyTree:
+    """Checks one step per environment (leaves `[num_envs, *step_shape]`) and returns it
+    with a time axis of length 1."""
+    _validation.check_batch(spec, step, [("num_envs", num_envs)], what="step")
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 1), step)
+
+
+def push_where(
+    rings: PyTree, next_slot: jax.Array, filled: jax.Array, mask: jax.Array, values: PyTree
+) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+    """Appends, row by row, the values where `mask` is true to side rings of `K` slots.
+
+    Args:
+      rings: leaves `[N, K, ...]`, one ring per row.
+      next_slot: int32 `[N]`, the slot each ring writes next.
+      filled: int32 `[N]`, the slots of each ring holding a value.
+      mask: bool `[N, T]`, which values to append, in order.
+      values: leaves `[N, T, ...]`.
+
+    Returns:
+      `(rings, next_slot, filled, slots)`. When a row appends more than `K`
+      values only its last `K` are written; `slots` (int32 `[N, T]`) is the slot
+      each appended value went to (meaningless where `mask` is false).
+    """
+    k = jax.tree_util.tree_leaves(rings)[0].shape[1]
+    rank = jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
+    count = rank[:, -1] + 1
+    slots = (next_slot[:, None] + rank) % k
+    rows = jnp.where(mask & (rank >= count[:, None] - k), slots, k)  # k: out of bounds, dropped
+    envs = jnp.arange(mask.shape[0], dtype=jnp.int32)[:, None]
+    rings = jax.tree.map(lambda ring, v: ring.at[envs, rows].set(v, mode="drop"), rings, values)
+    return rings, (next_slot + count) % k, jnp.minimum(filled + count, k), slots
+
+
+def ring_rows(start: jax.Array, count: int, capacity: int) -> jax.Array:
+    """int32 `[count]`: the rows `start, start + 1, ...` of a ring, wrapping."""
+    return (start + jnp.arange(count, dtype=jnp.int32)) % capacity
