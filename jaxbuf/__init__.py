@@ -33,6 +33,7 @@ from jaxbuf._transition import FinalObservations, make_transition_buffer
 from jaxbuf._types import (
     AddFn,
     Buffer,
+    BufferLike,
     CanSampleFn,
     Config,
     InitFn,
@@ -50,6 +51,7 @@ __all__ = [
     "STEP_KEYS",
     "AddFn",
     "Buffer",
+    "BufferLike",
     "CanSampleFn",
     "Config",
     "DatasetWriter",

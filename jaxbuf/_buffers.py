@@ -1,11 +1,12 @@
-"""One assembly for every sampled kind: a kind (storage, anchors, unit) × a sampler.
+"""One assembly for every sampled kind: a layout (storage, anchors, unit) × a sampler.
 
-A kind knows where its data lives and how it is written (`init`, `write`),
+A kind's layout knows where its data lives and how it is written (`init`, `write`),
 which slots may be drawn now (its anchors: `num_slots`, `groups`, `counts`,
 `slot`, `usable`), what one drawn slot expands into (`expand`: an item, a
 window, an n-step transition, a padded episode) and when the buffer is ready
-(`ready`: `min_size`). `sample` is then `sampler.draw` over the anchors,
-`kind.expand` of the drawn slots and one read from storage, which is also what
+(`ready(state, slots=None)`: `min_size`; a bool scalar, or per drawn slot).
+`sample` is then `sampler.draw` over the anchors,
+`layout.expand` of the drawn slots and one read from storage, which is also what
 `take(state, indices)` does: a sample's `indices` can always be handed back to
 `take` and `set_priorities`.
 """
@@ -24,8 +25,8 @@ from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._types import Buffer, Config, PyTree, Sample
 
 
-class Kind(NamedTuple):
-    """A sampled kind's parts (see the module docstring)."""
+class Layout(NamedTuple):
+    """A sampled kind's storage, anchors and unit (see the module docstring)."""
 
     init: Callable[[PyTree], Any]
     write: Callable[[Any, PyTree], tuple[Any, Changes]]
@@ -35,11 +36,11 @@ class Kind(NamedTuple):
     slot: Callable[[Any, jax.Array, jax.Array], jax.Array]
     usable: Callable[[Any, jax.Array], jax.Array]
     expand: Callable[[Any, jax.Array], tuple[PyTree, jax.Array | None, jax.Array | None]]
-    ready: Callable[[Any], jax.Array]
+    ready: Callable[..., jax.Array]
     one_step: Callable[[Any, PyTree], PyTree] | None = None
 
 
-def init(kind: Kind, sampler: Sampler, example: PyTree) -> Any:
+def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
     """Creates an empty state.
 
     Args:
@@ -52,10 +53,10 @@ def init(kind: Kind, sampler: Sampler, example: PyTree) -> Any:
       capacity, ...]`, counters `position`, `size`, `added`, the kind's `side`
       records and the `sampler`'s state.
     """
-    return kind.init(example).replace(sampler=sampler.init(kind.num_slots))
+    return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
 
 
-def add(kind: Kind, sampler: Sampler, state: Any, data: PyTree) -> Any:
+def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree) -> Any:
     """Adds data and returns the new state; donate the state to write in place.
 
     Args:
@@ -67,17 +68,17 @@ def add(kind: Kind, sampler: Sampler, state: Any, data: PyTree) -> Any:
     Returns:
       The new state.
     """
-    state, changes = kind.write(state, data)
+    state, changes = layout.write(state, data)
     return state.replace(sampler=sampler.after_add(state.sampler, changes))
 
 
-def add_step(kind: Kind, sampler: Sampler, state: Any, step: PyTree) -> Any:
+def add_step(layout: Layout, sampler: Sampler, state: Any, step: PyTree) -> Any:
     """Adds one step per environment, leaves `[num_envs, *step]`: `add` with `T = 1`."""
-    assert kind.one_step is not None
-    return add(kind, sampler, state, kind.one_step(state, step))
+    assert layout.one_step is not None
+    return add(layout, sampler, state, layout.one_step(state, step))
 
 
-def sample(kind: Kind, sampler: Sampler, batch: int, state: Any, key: jax.Array, **options):
+def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array, **options):
     """Draws `sample_batch_size` items; never fails (check `valid` or `can_sample`).
 
     Args:
@@ -95,19 +96,19 @@ def sample(kind: Kind, sampler: Sampler, batch: int, state: Any, key: jax.Array,
       prioritized sampler. Below `min_size` the items are still drawn where
       anything is drawable, and `valid` is false (weights 0).
     """
-    drawn = sampler.draw(kind, state, key, batch, **options)
-    experience, mask, length = kind.expand(state, drawn.slots)
-    valid = drawn.valid & kind.ready(state)
+    drawn = sampler.draw(layout, state, key, batch, **options)
+    experience, mask, length = layout.expand(state, drawn.slots)
+    valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
     return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
 
 
-def can_sample(kind: Kind, sampler: Sampler, state: Any) -> jax.Array:
+def can_sample(layout: Layout, sampler: Sampler, state: Any) -> jax.Array:
     """bool scalar: the buffer holds `min_size` and something is drawable."""
-    return kind.ready(state) & sampler.available(kind, state)
+    return layout.ready(state) & sampler.available(layout, state)
 
 
-def take(kind: Kind, state: Any, indices: jax.Array) -> PyTree:
+def take(layout: Layout, state: Any, indices: jax.Array) -> PyTree:
     """What `sample` returned as `experience` for these `indices` (a sample's).
 
     Args:
@@ -123,11 +124,11 @@ def take(kind: Kind, state: Any, indices: jax.Array) -> PyTree:
     if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"indices must be a 1-D integer array [k], got {indices.dtype}"
                         f"{list(indices.shape)}.")  # fmt: skip
-    slots = jnp.clip(indices.astype(jnp.int32), 0, kind.num_slots - 1)
-    return kind.expand(state, slots)[0]
+    slots = jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1)
+    return layout.expand(state, slots)[0]
 
 
-def set_priorities(kind: Kind, sampler: Sampler, state: Any, indices, priorities) -> Any:
+def set_priorities(layout: Layout, sampler: Sampler, state: Any, indices, priorities) -> Any:
     """Sets the priorities of drawn anchors (see `jaxbuf.prioritized`).
 
     Args:
@@ -140,10 +141,10 @@ def set_priorities(kind: Kind, sampler: Sampler, state: Any, indices, priorities
       The new state.
     """
     assert sampler.set_priorities is not None
-    return sampler.set_priorities(kind, state, indices, priorities)
+    return sampler.set_priorities(layout, state, indices, priorities)
 
 
-def _bind(fn: Callable, *bound: Any) -> Callable:
+def bind(fn: Callable, *bound: Any) -> Callable:
     """`fn` with its first arguments bound, keeping its name, docstring and the
     signature of the remaining arguments (so `help()` shows them)."""
 
@@ -167,19 +168,21 @@ def check_sampler(sampler: Any) -> Sampler:
     return sampler
 
 
-def assemble(kind: Kind, sampler: Sampler, batch: int, /, **config: Any) -> Buffer:
-    """The `Buffer` of a kind and a sampler drawing `batch` items per `sample`."""
+def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> Buffer:
+    """The `Buffer` of a layout and a sampler drawing `batch` items per `sample`."""
     return Buffer(
-        init=_bind(init, kind, sampler),
-        add=_bind(add, kind, sampler),
-        sample=_bind(sample, kind, sampler, batch),
-        can_sample=_bind(can_sample, kind, sampler),
-        take=_bind(take, kind),
+        init=bind(init, layout, sampler),
+        add=bind(add, layout, sampler),
+        sample=bind(sample, layout, sampler, batch),
+        can_sample=bind(can_sample, layout, sampler),
+        take=bind(take, layout),
         config=Config(**config, sampler=sampler.config),
-        add_step=None if kind.one_step is None else _bind(add_step, kind, sampler),
+        add_step=None if layout.one_step is None else bind(add_step, layout, sampler),
         set_priorities=(
-            None if sampler.set_priorities is None else _bind(set_priorities, kind, sampler)
+            None if sampler.set_priorities is None else bind(set_priorities, layout, sampler)
         ),
+        layout=layout,
+        sampler=sampler,
     )
 
 

@@ -235,5 +235,6 @@ def restore(path: str | os.PathLike, template: Any) -> Any:
         raise ValueError(
             f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
         )
-    restored = serialization.from_state_dict(template, serialization.msgpack_restore(data))
+    saved: Any = serialization.msgpack_restore(data)
+    restored = serialization.from_state_dict(template, saved)
     return jax.tree.map(jax.numpy.asarray, restored)

@@ -2,8 +2,9 @@
 
 A dataset is a folder with one zarr array per item leaf (written and read by
 tensorstore) and `dataset.json`, which records the leaves and how many items
-are complete. `DatasetWriter.append(state)` writes the items added to a replay
-buffer since the previous append: it copies just those rows to the host, hands
+are complete. `DatasetWriter.append(state)` writes what was added to a sampled
+buffer (replay, trajectory, transition, episode) since the previous append: it
+copies just those rows to the host, hands
 them to tensorstore, and returns while the disk writes go on; `flush` waits for
 them and then commits the new length (atomically), so a reader never sees a
 partly written tail. `read_dataset` reads whole datasets or ranges, touching
@@ -21,8 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _checkpoint, _config, _export, _storage, _validation
-from jaxbuf._storage import RingState
+from jaxbuf import _checkpoint, _config, _export, _storage, _sumtree, _validation
+from jaxbuf._episode import EpisodeRecords
+from jaxbuf._samplers import PriorityState
+from jaxbuf._storage import RingState, TimeRingState
+from jaxbuf._transition import FinalObservations
 from jaxbuf._types import Buffer
 
 INDEX = "dataset.json"
@@ -74,24 +78,85 @@ def _read_index(folder: pathlib.Path) -> dict:
     return index
 
 
+#: Columns a dataset adds beside the stored leaves, where they apply.
+RESERVED = ("env", "time", "final_obs", "priority_leaf")
+
+
+def _ring_axis(state: Any) -> int:
+    return 1 if isinstance(state, TimeRingState) else 0
+
+
 @jax.jit
-def _take_rows(experience: Any, rows: jax.Array) -> Any:
-    """The given rows of every leaf, gathered on the device in one call."""
-    return jax.tree.map(lambda x: x[rows], experience)
+def _take_rows(state: Any, rows: jax.Array) -> dict[str, Any]:
+    """The given rows (every environment's, for a time ring) of the stored leaves and,
+    where the state keeps them, final observations and priority leaves."""
+    columns: dict[str, Any] = {"": state.experience}
+    if isinstance(state, TimeRingState):
+        envs = jnp.arange(jax.tree.leaves(state.experience)[0].shape[0])[:, None]
+        columns[""] = _storage.read(state.experience, envs, rows[None, :])
+        side = state.side
+        if isinstance(side, FinalObservations):
+            slots = side.slot_of[envs, rows[None, :]].astype(jnp.int32)
+            columns["final_obs"] = _storage.read(side.experience, envs, slots)
+        slots = envs * _storage.capacity_of(state.experience, 1) + rows[None, :]
+        if isinstance(state.sampler, PriorityState) and not isinstance(side, EpisodeRecords):
+            columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, slots)
+        # time-major rows: step after step, environment after environment
+        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), columns)
+    columns[""] = _storage.read(state.experience, rows)
+    if isinstance(state.sampler, PriorityState):
+        columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, rows)
+    return columns
+
+
+def _newest(state: Any, new: int, first_time: int = 0) -> dict[str, np.ndarray]:
+    """The `new` newest items (or steps of every environment) as host columns."""
+    capacity = _storage.capacity_of(state.experience, _ring_axis(state))
+    rows = (int(state.position) - new + np.arange(new)) % capacity
+    # Pad to a power of two (repeating valid rows) so that few sizes compile.
+    padded = np.resize(rows, 1 << (new - 1).bit_length()).astype(np.int32)
+    taken = jax.device_get(_take_rows(state, jnp.asarray(padded)))
+    per_row = 1 if _ring_axis(state) == 0 else jax.tree.leaves(state.experience)[0].shape[0]
+    taken = jax.tree.map(lambda x: np.asarray(x[: new * per_row]), taken)
+    columns = _flat_columns(taken.pop(""), "state.experience")
+    clash = sorted(set(columns) & set(RESERVED))
+    if clash:
+        raise ValueError(
+            f"leaves {clash} of the items clash with the columns a dataset adds {RESERVED}; "
+            "rename them."
+        )
+    if per_row > 1:
+        time, env = np.divmod(np.arange(new * per_row), per_row)
+        columns |= {"env": env.astype(np.int32), "time": (first_time + time).astype(np.int64)}
+    if "final_obs" in taken:
+        final = _flat_columns({"final_obs": taken.pop("final_obs")}, "final_obs")
+        columns |= final
+    return columns | taken
 
 
 class DatasetWriter:
-    """Appends what a replay buffer receives to an on-disk dataset.
+    """Appends what a sampled buffer receives to an on-disk dataset.
 
-    Call `append(state)` at least once every `capacity` added items (between
-    jitted training chunks, say); items overwritten in the buffer before an
-    append are lost, and `append` raises rather than skipping them silently.
+    Call `append(state)` at least once every `capacity` added items (or steps
+    per environment) (between jitted training chunks, say); items overwritten in
+    the buffer before an append are lost, and `append` raises rather than
+    skipping them silently.
+
+    A row is one item of a replay buffer, or one step of one environment of the
+    per-environment kinds, written time-major (each step of every environment in
+    turn) with `env` (int32) and `time` (int64, steps since the writer's first)
+    columns. A transition buffer's rows add `final_obs/...`: the final
+    observation where the step ended an episode (what storage holds elsewhere).
+    Under a prioritized sampler (but for episode buffers, whose priorities are
+    per episode) rows add `priority_leaf`: the item's (or window start's) sum-tree
+    leaf `priority ** priority_exponent` when appended, 0 where it could not be
+    drawn yet. Item leaves named like these columns are an error.
 
     Args:
       path: the dataset folder; an existing dataset there is replaced.
-      state: a replay buffer state of the buffer to follow; the dataset takes its
-        item structure (a dict of arrays, possibly nested) and the items it
-        holds from now on. Items already stored are written only with
+      state: the state of the (not vectorized) buffer to follow; the dataset
+        takes its item structure (a dict of arrays, possibly nested) and what it
+        receives from now on. What is already stored is written only with
         `include_stored=True`.
       include_stored: whether the first `append` also writes the items the buffer
         already holds.
@@ -113,17 +178,20 @@ class DatasetWriter:
     def __init__(
         self,
         path: str | os.PathLike,
-        state: RingState,
+        state: RingState | TimeRingState,
         *,
         include_stored: bool = False,
         chunk_items: int = 4096,
     ):
-        if not isinstance(state, RingState) or np.ndim(state.size) != 0:
-            raise TypeError("DatasetWriter follows one (not vectorized) replay buffer state.")
+        if not isinstance(state, (RingState, TimeRingState)) or np.ndim(state.size) != 0:
+            raise TypeError(
+                "DatasetWriter follows the state of one sampled buffer (replay, trajectory, "
+                f"transition or episode; not vectorized), got {type(state).__name__}."
+            )
         self.path = pathlib.Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         chunk_items = _validation.check_int("chunk_items", chunk_items)
-        columns = _flat_columns(state.experience, "state.experience")
+        columns = _newest(state, 1)  # one row of every column, for the layout
         self._arrays = {}
         for name, column in columns.items():
             item_shape = list(column.shape[1:])
@@ -136,7 +204,7 @@ class DatasetWriter:
         self._leaves = {
             k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype)} for k, v in columns.items()
         }
-        self._length = 0  # items handed to tensorstore
+        self._length = 0  # rows handed to tensorstore
         self._allocated = 0
         self._pending: list = []
         self._seen = int(state.added) - (int(state.size) if include_stored else 0)
@@ -144,16 +212,17 @@ class DatasetWriter:
 
     @property
     def length(self) -> int:
-        """The number of items appended so far (durable after `flush`)."""
+        """The number of rows appended so far (durable after `flush`)."""
         return self._length
 
-    def append(self, state: RingState) -> int:
-        """Writes the items added to `state` since the previous append; returns how many.
+    def append(self, state: RingState | TimeRingState) -> int:
+        """Writes what was added to `state` since the previous append; returns how many
+        items (or steps per environment) that was.
 
-        Blocks only for copying those items from the device; the disk writes
+        Blocks only for copying those rows from the device; the disk writes
         continue in the background until `flush`.
         """
-        capacity = _storage.capacity_of(state.experience)
+        capacity = _storage.capacity_of(state.experience, _ring_axis(state))
         added = int(state.added)
         new = (added - self._seen) % 2**32
         if new > capacity:
@@ -164,11 +233,9 @@ class DatasetWriter:
             )
         if new == 0:
             return 0
-        rows = (int(state.position) - new + np.arange(new)) % capacity
-        # Pad to a power of two (repeating valid rows) so that few sizes compile.
-        padded = np.resize(rows, 1 << (new - 1).bit_length()).astype(np.int32)
-        host = jax.tree.map(lambda x: x[:new], jax.device_get(_take_rows(state.experience, padded)))
-        start, stop = self._length, self._length + new
+        columns = _newest(state, new, first_time=self._seen)
+        count = len(next(iter(columns.values())))
+        start, stop = self._length, self._length + count
         if stop > self._allocated:
             self._allocated = max(stop, 2 * self._allocated)
             for name, array in self._arrays.items():
@@ -176,8 +243,7 @@ class DatasetWriter:
                 self._arrays[name] = array.resize(
                     exclusive_max=shape, resize_metadata_only=True
                 ).result()
-        for name, column in _flat_columns(host, "state.experience").items():
-            column = np.asarray(column)  # kept alive with its write until flush
+        for name, column in columns.items():  # kept alive with its write until flush
             self._pending.append((self._arrays[name][start:stop].write(column), column))
         self._length, self._seen = stop, added
         return new

@@ -22,8 +22,7 @@ from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
 
 
-@struct.dataclass
-class EpisodeRecords:
+class EpisodeRecords(struct.PyTreeNode):
     """An episode buffer's side ring: one record per complete stored episode.
 
     Attributes:
@@ -178,7 +177,7 @@ def _padded(state: TimeRingState, slots: jax.Array, k: int, max_length: int):
     return jax.tree.map(gather, state.experience), mask, length
 
 
-def _kind(config: dict, done_fn) -> _buffers.Kind:
+def _layout(config: dict, done_fn) -> _buffers.Layout:
     num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
     k = math.ceil(capacity / min_episode_length)
 
@@ -190,7 +189,7 @@ def _kind(config: dict, done_fn) -> _buffers.Kind:
         rank = (slot - (state.side.position[envs] - state.side.size[envs])) % k
         return rank < state.side.size[envs]
 
-    return _buffers.Kind(
+    return _buffers.Layout(
         init=_init(num_envs, capacity, k),
         write=_writer(num_envs, capacity, done_fn),
         num_slots=num_envs * k,
@@ -199,7 +198,7 @@ def _kind(config: dict, done_fn) -> _buffers.Kind:
         slot=slot,
         usable=usable,
         expand=lambda state, slots: _padded(state, slots, k, max_length),
-        ready=lambda state: state.side.size.sum() >= min_episodes,
+        ready=lambda state, slots=None: state.side.size.sum() >= min_episodes,
         one_step=_trajectory.one_step(num_envs),
     )
 
@@ -263,6 +262,6 @@ def make_episode_buffer(
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
     return _buffers.assemble(
-        _kind(config, done_fn), sampler, config["sample_batch_size"], kind="episode",
+        _layout(config, done_fn), sampler, config["sample_batch_size"], kind="episode",
         **config, **_buffers.done_config(done_fn),
     )  # fmt: skip

@@ -108,7 +108,7 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
     path = pathlib.Path(path)
     columns = stored_items(state)
     if path.suffix == ".npz":
-        np.savez(path, **columns)
+        np.savez(path, allow_pickle=False, **columns)
     elif path.suffix == ".csv":
         _write_csv(path, columns)
     elif path.suffix == ".pt":

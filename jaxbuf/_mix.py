@@ -13,7 +13,7 @@ from jaxbuf import _validation
 from jaxbuf._types import Sample
 
 
-def _counts(proportions: Sequence[float], total: int) -> list[int]:
+def _counts(proportions: Sequence[float] | np.ndarray, total: int) -> list[int]:
     """Largest-remainder rounding of `proportions * total` to integers summing to `total`."""
     shares = np.asarray(proportions, np.float64) / np.sum(proportions) * total
     counts = np.floor(shares).astype(int)

@@ -15,8 +15,7 @@ from jaxbuf import _storage, _validation
 from jaxbuf._types import Config, PyTree, Sample, _Record
 
 
-@struct.dataclass
-class QueueState:
+class QueueState(struct.PyTreeNode):
     """State of a queue.
 
     Attributes:
@@ -109,7 +108,8 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
             )
 
     def init(example: PyTree) -> QueueState:
-        """An empty queue for items like `example` (one item, no batch axis)."""
+        """An empty queue for items like `example` (one item, no batch axis): leaves
+        `[capacity, *item]` of zeros."""
         experience = _storage.allocate(_validation.item_spec(example), config.capacity)
         return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
 

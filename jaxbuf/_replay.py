@@ -12,7 +12,7 @@ from jaxbuf._storage import RingState
 from jaxbuf._types import Buffer, PyTree
 
 
-def _kind(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Kind:
+def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
     def init(example: PyTree) -> RingState:
         spec = _validation.item_spec(example)
         return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
@@ -24,7 +24,7 @@ def _kind(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Kind:
         state, rows = _storage.append(state, items)
         return state, Changes(cleared=None, filled=rows)
 
-    return _buffers.Kind(
+    return _buffers.Layout(
         init=init,
         write=write,
         num_slots=capacity,
@@ -33,7 +33,7 @@ def _kind(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Kind:
         slot=lambda state, group, member: member,
         usable=lambda state, rows: (rows >= 0) & (rows < state.size),
         expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
-        ready=lambda state: state.size >= min_size,
+        ready=lambda state, slots=None: state.size >= min_size,
     )
 
 
@@ -89,7 +89,7 @@ def make_replay_buffer(
             "without replacement can never be distinct."
         )
     return _buffers.assemble(
-        _kind(capacity, min_size, truncate_ok), sampler, sample_batch_size, kind="replay",
+        _layout(capacity, min_size, truncate_ok), sampler, sample_batch_size, kind="replay",
         capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
         truncate_ok=truncate_ok,
     )  # fmt: skip

@@ -34,7 +34,7 @@ _METHODS = ("scan", "associative")
 
 def _time_major(**arrays: Any) -> tuple[jax.Array, ...]:
     """Checks that the arrays share one `[T, *batch]` shape and proper dtypes."""
-    shape = None
+    shape, first = None, ""
     out = []
     for name, array in arrays.items():
         array = jnp.asarray(array)

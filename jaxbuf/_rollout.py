@@ -12,7 +12,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from jaxbuf import _returns, _storage, _validation
+from jaxbuf import _buffers, _returns, _storage, _validation
 from jaxbuf._types import Config, PyTree, _Record
 
 
@@ -43,8 +43,7 @@ STEP_KEYS = _StepKeys(
 )
 
 
-@struct.dataclass
-class RolloutBufferState:
+class RolloutBufferState(struct.PyTreeNode):
     """State of a rollout buffer.
 
     Attributes:
@@ -80,8 +79,7 @@ class RolloutBufferState:
         return {"time": time, "env": env}, (time, env), tree
 
 
-@struct.dataclass
-class RolloutBatch:
+class RolloutBatch(struct.PyTreeNode):
     """Shuffled minibatches of a finished rollout.
 
     Attributes:
@@ -221,90 +219,109 @@ def make_rollout_buffer(
     )
     if config.num_steps * config.num_envs > _validation.MAX_INT32:
         raise ValueError("num_steps * num_envs must fit in int32.")
+    functions = (init, add, finish, minibatches, clear)
+    return RolloutBuffer(*(_buffers.bind(fn, config) for fn in functions), config=config)
+
+
+def init(config: Config, example_step: PyTree) -> RolloutBufferState:
+    """An empty rollout for steps like `example_step` (one environment's step, a dict
+    with the keys of `STEP_KEYS`, no batch axes): leaves `[num_steps, num_envs, ...]`."""
+    spec = _check_example(example_step)
+    per_env = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct((config.num_envs, *s.shape), s.dtype), spec
+    )
+    shape, dtype = (config.num_steps, config.num_envs), spec["value"].dtype
+    return RolloutBufferState(
+        experience=_storage.allocate(per_env, config.num_steps),
+        size=jnp.zeros((), jnp.int32),
+        dropped=jnp.zeros((), jnp.int32),
+        advantages=jnp.zeros(shape, dtype),
+        returns=jnp.zeros(shape, dtype),
+    )
+
+
+def add(config: Config, state: RolloutBufferState, step: PyTree) -> RolloutBufferState:
+    """Stores one step (leaves `[num_envs, ...]`) at time `size`; a full rollout stores
+    nothing and counts the call in `dropped`."""
+    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), state.experience)
+    _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
+    full = state.size >= config.num_steps
+    row = jnp.minimum(state.size, config.num_steps - 1)
+
+    def put(column: jax.Array, value: jax.Array) -> jax.Array:
+        old = lax.dynamic_index_in_dim(column, row, keepdims=False)
+        return lax.dynamic_update_index_in_dim(column, jnp.where(full, old, value), row, 0)
+
+    return state.replace(
+        experience=jax.tree.map(put, state.experience, step),
+        size=state.size + (~full).astype(jnp.int32),
+        dropped=state.dropped + full.astype(jnp.int32),
+    )
+
+
+def finish(config: Config, state: RolloutBufferState, last_value: jax.Array) -> RolloutBufferState:
+    """Computes GAE advantages and returns `[num_steps, num_envs]` of the stored steps,
+    bootstrapping the last one from `last_value` `[num_envs]` (unless it ended its
+    episode) and every truncated step from its `final_value`."""
+    steps = state.experience
+    want = jax.ShapeDtypeStruct((config.num_envs,), steps["value"].dtype)
+    _validation.check_batch(want, last_value, [], what="last_value")
+    time = jnp.arange(config.num_steps, dtype=jnp.int32)[:, None]
+    stored, last = time < state.size, time >= state.size - 1
+    following = jnp.concatenate([steps["value"][1:], last_value[None]])
+    following = jnp.where(last, last_value[None], following)
+    next_values = jnp.where(steps["truncated"], steps["final_value"], following)
+    advantages, returns = _returns.gae(
+        steps["reward"], steps["value"], next_values,
+        steps["terminated"], steps["truncated"] | last,
+        discount=config.discount, gae_lambda=config.gae_lambda, method=config.method,
+    )  # fmt: skip
+    return state.replace(
+        advantages=jnp.where(stored, advantages, 0), returns=jnp.where(stored, returns, 0)
+    )
+
+
+def _normalized(advantages: jax.Array, valid: jax.Array) -> jax.Array:
+    """Zero mean and unit standard deviation over the valid entries; 0 elsewhere."""
+    count = jnp.maximum(valid.sum(), 1).astype(advantages.dtype)
+    mean = jnp.where(valid, advantages, 0).sum() / count
+    var = jnp.where(valid, (advantages - mean) ** 2, 0).sum() / count
+    return jnp.where(valid, (advantages - mean) / (jnp.sqrt(var) + 1e-8), 0)
+
+
+def minibatches(
+    config: Config, state: RolloutBufferState, key: jax.Array, num_minibatches: int
+) -> RolloutBatch:
+    """The finished rollout, shuffled and split into `num_minibatches` minibatches
+    (`RolloutBatch`, leaves `[num_minibatches, num_steps * num_envs //
+    num_minibatches, ...]`); `num_minibatches` is static."""
+    num_minibatches = _validation.check_int("num_minibatches", num_minibatches)
+    total = config.num_steps * config.num_envs
+    if total % num_minibatches:
+        raise ValueError(
+            f"num_steps * num_envs = {config.num_steps} * {config.num_envs} = {total} is not "
+            f"divisible by num_minibatches={num_minibatches}."
+        )
     shape = (config.num_steps, config.num_envs)
+    valid = jnp.broadcast_to(jnp.arange(config.num_steps)[:, None] < state.size, shape)
+    advantages = state.advantages
+    if config.normalize_advantages:
+        advantages = _normalized(advantages, valid)
+    order = jax.random.permutation(key, total)
+    split = (num_minibatches, total // num_minibatches)
 
-    def init(example_step: PyTree) -> RolloutBufferState:
-        spec = _check_example(example_step)
-        per_env = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((config.num_envs, *s.shape), s.dtype), spec
-        )
-        dtype = spec["value"].dtype
-        return RolloutBufferState(
-            experience=_storage.allocate(per_env, config.num_steps),
-            size=jnp.zeros((), jnp.int32),
-            dropped=jnp.zeros((), jnp.int32),
-            advantages=jnp.zeros(shape, dtype),
-            returns=jnp.zeros(shape, dtype),
-        )
+    def shuffle(x: jax.Array) -> jax.Array:
+        return x.reshape(total, *x.shape[2:])[order].reshape(*split, *x.shape[2:])
 
-    def add(state: RolloutBufferState, step: PyTree) -> RolloutBufferState:
-        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), state.experience)
-        _validation.check_batch(spec, step, [("num_envs", config.num_envs)], what="step")
-        full = state.size >= config.num_steps
-        row = jnp.minimum(state.size, config.num_steps - 1)
+    return RolloutBatch(
+        experience=jax.tree.map(shuffle, state.experience),
+        advantages=shuffle(advantages),
+        returns=shuffle(state.returns),
+        valid=shuffle(valid),
+    )
 
-        def put(column: jax.Array, value: jax.Array) -> jax.Array:
-            old = lax.dynamic_index_in_dim(column, row, keepdims=False)
-            return lax.dynamic_update_index_in_dim(column, jnp.where(full, old, value), row, 0)
 
-        return state.replace(
-            experience=jax.tree.map(put, state.experience, step),
-            size=state.size + (~full).astype(jnp.int32),
-            dropped=state.dropped + full.astype(jnp.int32),
-        )
-
-    def finish(state: RolloutBufferState, last_value: jax.Array) -> RolloutBufferState:
-        steps = state.experience
-        want = jax.ShapeDtypeStruct((config.num_envs,), steps["value"].dtype)
-        _validation.check_batch(want, last_value, [], what="last_value")
-        time = jnp.arange(config.num_steps, dtype=jnp.int32)[:, None]
-        stored, last = time < state.size, time >= state.size - 1
-        following = jnp.concatenate([steps["value"][1:], last_value[None]])
-        following = jnp.where(last, last_value[None], following)
-        next_values = jnp.where(steps["truncated"], steps["final_value"], following)
-        advantages, returns = _returns.gae(
-            steps["reward"], steps["value"], next_values,
-            steps["terminated"], steps["truncated"] | last,
-            discount=config.discount, gae_lambda=config.gae_lambda, method=config.method,
-        )  # fmt: skip
-        return state.replace(
-            advantages=jnp.where(stored, advantages, 0), returns=jnp.where(stored, returns, 0)
-        )
-
-    def minibatches(
-        state: RolloutBufferState, key: jax.Array, num_minibatches: int
-    ) -> RolloutBatch:
-        num_minibatches = _validation.check_int("num_minibatches", num_minibatches)
-        total = config.num_steps * config.num_envs
-        if total % num_minibatches:
-            raise ValueError(
-                f"num_steps * num_envs = {config.num_steps} * {config.num_envs} = {total} is not "
-                f"divisible by num_minibatches={num_minibatches}."
-            )
-        valid = jnp.arange(config.num_steps)[:, None] < state.size
-        valid = jnp.broadcast_to(valid, shape)
-        advantages = state.advantages
-        if config.normalize_advantages:
-            count = jnp.maximum(valid.sum(), 1).astype(advantages.dtype)
-            mean = jnp.where(valid, advantages, 0).sum() / count
-            var = jnp.where(valid, (advantages - mean) ** 2, 0).sum() / count
-            advantages = jnp.where(valid, (advantages - mean) / (jnp.sqrt(var) + 1e-8), 0)
-        order = jax.random.permutation(key, total)
-        split = (num_minibatches, total // num_minibatches)
-
-        def shuffle(x: jax.Array) -> jax.Array:
-            flat = x.reshape(total, *x.shape[2:])
-            return flat[order].reshape(*split, *x.shape[2:])
-
-        return RolloutBatch(
-            experience=jax.tree.map(shuffle, state.experience),
-            advantages=shuffle(advantages),
-            returns=shuffle(state.returns),
-            valid=shuffle(valid),
-        )
-
-    def clear(state: RolloutBufferState) -> RolloutBufferState:
-        zero = jnp.zeros((), jnp.int32)
-        return state.replace(size=zero, dropped=zero)
-
-    return RolloutBuffer(init, add, finish, minibatches, clear, config)
+def clear(config: Config, state: RolloutBufferState) -> RolloutBufferState:
+    """Starts the next rollout: `size` and `dropped` (int32 scalars) go to 0; the
+    storage `[num_steps, num_envs, ...]` is kept and overwritten by the next adds."""
+    return state.replace(size=jnp.zeros((), jnp.int32), dropped=jnp.zeros((), jnp.int32))

@@ -2,7 +2,7 @@
 
 A sampler is a small record of pure functions whose state nests in the
 buffer's state (`state.sampler`), as `optax.chain` nests its states. It sees
-the buffer's kind only through the kind's anchors: `num_slots` slots, of which
+the buffer's kind only through its layout's anchors: `num_slots` slots, of which
 `counts(state)` per group are drawable, the `slot(state, group, member)` of
 each, and `usable(state, slots)`. The prioritized sampler keeps a sum tree
 over the slots whose leaf is positive exactly while the slot is drawable, and
@@ -25,8 +25,7 @@ from jaxbuf import _sampling, _sumtree, _validation
 from jaxbuf._types import Config, PyTree, _Record
 
 
-@struct.dataclass
-class PriorityState:
+class PriorityState(struct.PyTreeNode):
     """The prioritized sampler's state.
 
     Attributes:
@@ -107,21 +106,21 @@ def uniform(replacement: bool = True) -> Sampler:
     replacement = _validation.check_bool("replacement", replacement)
     pick = _sampling.uniform_indices if replacement else _sampling.distinct_indices
 
-    def draw(kind, state, key, count: int) -> Drawn:
-        counts = kind.counts(state)
-        total = counts * kind.groups if counts.ndim == 0 else counts.sum()
+    def draw(layout, state, key, count: int) -> Drawn:
+        counts = layout.counts(state)
+        total = counts * layout.groups if counts.ndim == 0 else counts.sum()
         flat = pick(key, total, count)
-        if kind.groups == 1:
+        if layout.groups == 1:
             group, member = jnp.zeros_like(flat), flat
         elif counts.ndim == 0:  # every group holds `counts` anchors
             group, member = jnp.divmod(flat, jnp.maximum(counts, 1))
         else:
             group, member = _sampling.locate(flat, counts)
-        slots = kind.slot(state, group, member)
+        slots = layout.slot(state, group, member)
         return Drawn(slots, jnp.broadcast_to(total > 0, flat.shape))
 
-    def available(kind, state) -> jax.Array:
-        return jnp.sum(kind.counts(state)) > 0
+    def available(layout, state) -> jax.Array:
+        return jnp.sum(layout.counts(state)) > 0
 
     config = Config(kind="uniform", replacement=replacement)
     return Sampler(config, lambda num_slots: None, draw, lambda s, changes: s, available)
@@ -195,20 +194,20 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
         tree = _sumtree.update(tree, changes.filled, value, changes.keep, unique=True)
         return state.replace(tree=tree)
 
-    def draw(kind, state, key, count: int, *, importance_exponent=0.4) -> Drawn:
+    def draw(layout, state, key, count: int, *, importance_exponent=0.4) -> Drawn:
         _check_importance_exponent(importance_exponent)
         drawn = _draw_in_proportion(
-            state.sampler, key, count, kind.num_slots, stratified, importance_exponent
+            state.sampler, key, count, layout.num_slots, stratified, importance_exponent
         )
-        return drawn.replace(valid=drawn.valid & kind.usable(state, drawn.slots))
+        return drawn.replace(valid=drawn.valid & layout.usable(state, drawn.slots))
 
-    def available(kind, state) -> jax.Array:
+    def available(layout, state) -> jax.Array:
         return state.sampler.tree.total > 0
 
-    def set_priorities(kind, state, indices: jax.Array, priorities: jax.Array):
+    def set_priorities(layout, state, indices: jax.Array, priorities: jax.Array):
         indices, priorities = _check_update(indices, priorities)
-        slots = jnp.clip(indices, 0, kind.num_slots - 1)
-        allowed = (indices == slots) & kind.usable(state, slots)
+        slots = jnp.clip(indices, 0, layout.num_slots - 1)
+        allowed = (indices == slots) & layout.usable(state, slots)
         return state.replace(sampler=_update(state.sampler, slots, priorities, allowed, alpha))
 
     config = Config(kind="prioritized", priority_exponent=alpha, stratified=stratified)

@@ -17,6 +17,7 @@ state.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple
 
 import jax
@@ -240,6 +241,8 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
     place = _placer(mesh, axis_name)
 
     def init(example: Any) -> Any:
+        """The buffer's empty state for `example`, stacked on a leading shard axis `[S,
+        ...]` split over the mesh axis (the rest of its docstring is the buffer's)."""
         sharding = NamedSharding(mesh, P(axis_name))
         make = jax.jit(
             lambda: jax.tree.map(
@@ -249,6 +252,8 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
         )
         return make()
 
+    init.__doc__ = f"{init.__doc__}\n\n{inspect.getdoc(buffer.init) or ''}"
+
     def wrap(name: str, fn: Any) -> Any:
         role = ROLES[name]
 
@@ -256,18 +261,7 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
             if len(args) < len(role.args):
                 raise TypeError(f"{name} takes ({', '.join(role.args)}, ...), got {len(args)} "
                                 "positional arguments.")  # fmt: skip
-            moved, specs = [], []
-            for kind, value in zip(role.args, args, strict=False):
-                if kind == "state":
-                    _check_state(value, count, axis_name)
-                elif kind == "data":
-                    _check_split(value, count, _ARGUMENT_NAMES.get(name, "data"), axis_name)
-                spec = P() if kind == "key" else P(axis_name)
-                if kind != "state":  # a state from `init` is laid out already; moving
-                    # it again would make XLA copy it beside the original
-                    value = jax.tree.map(lambda x, s=spec: place(jnp.asarray(x), s), value)
-                moved.append(value)
-                specs.append(spec)
+            moved, specs = _placed(name, role, args, count, axis_name, place)
             # Further arguments: arrays (a traced beta) go to every shard whole;
             # anything else (num_minibatches) stays a Python value.
             rest, tree = jax.tree.flatten((args[len(role.args) :], kwargs))
@@ -277,14 +271,7 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
                 dynamic = iter(dynamic)
                 values = [next(dynamic) if a else x for x, a in zip(rest, arrays, strict=True)]
                 extra, named = jax.tree.unflatten(tree, values)
-                try:
-                    return fn(*moved, *extra, **named)
-                except (ValueError, TypeError) as error:  # shapes there are per shard
-                    raise type(error)(
-                        f"{error} (In a buffer sharded over the {count} shards of mesh axis "
-                        f"{axis_name!r}: shapes above are one shard's block, 1/{count} of "
-                        "the leading axis of each input.)"
-                    ) from error
+                return _noting_shards(fn, count, axis_name)(*moved, *extra, **named)
 
             dynamic = [x for x, a in zip(rest, arrays, strict=True) if a]
             result = jax.shard_map(
@@ -301,6 +288,39 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
 
     functions = {n: wrap(n, f) for n, f in _functions(local).items()}
     return buffer.replace(**functions, init=init)
+
+
+def _placed(name: str, role: _Role, args: tuple, count: int, axis_name: str, place) -> tuple:
+    """The role's positional arguments checked and laid out, and their specs."""
+    moved, specs = [], []
+    for kind, value in zip(role.args, args, strict=False):
+        if kind == "state":
+            _check_state(value, count, axis_name)
+        elif kind == "data":
+            _check_split(value, count, _ARGUMENT_NAMES.get(name, "data"), axis_name)
+        spec = P() if kind == "key" else P(axis_name)
+        if kind != "state":  # a state from `init` is laid out already; moving
+            # it again would make XLA copy it beside the original
+            value = jax.tree.map(lambda x, s=spec: place(jnp.asarray(x), s), value)
+        moved.append(value)
+        specs.append(spec)
+    return moved, specs
+
+
+def _noting_shards(fn: Any, count: int, axis_name: str) -> Any:
+    """`fn`, whose shape errors say that the shapes are one shard's block."""
+
+    def noted(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise type(error)(
+                f"{error} (In a buffer sharded over the {count} shards of mesh axis "
+                f"{axis_name!r}: shapes above are one shard's block, 1/{count} of "
+                "the leading axis of each input.)"
+            ) from error
+
+    return noted
 
 
 _ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value", "take": "indices"}

@@ -29,10 +29,10 @@ def _convert(space: Any, path: str) -> PyTree:
     if kind in ("Box", "Discrete", "MultiDiscrete", "MultiBinary"):
         return jnp.zeros(tuple(space.shape), jax.dtypes.canonicalize_dtype(space.dtype))
     if kind == "Dict" or isinstance(space, dict):
-        items = space.spaces.items() if kind == "Dict" else space.items()
+        items = space.items() if isinstance(space, dict) else space.spaces.items()
         return {k: _convert(v, f"{path}[{k!r}]") for k, v in items}
     if kind == "Tuple" or isinstance(space, (tuple, list)):
-        members = space.spaces if kind == "Tuple" else space
+        members = space if isinstance(space, (tuple, list)) else space.spaces
         converted = [_convert(v, f"{path}[{i}]") for i, v in enumerate(members)]
         return list(converted) if isinstance(space, list) else tuple(converted)
     if isinstance(space, (jax.Array, np.ndarray, np.generic, int, float, bool)):

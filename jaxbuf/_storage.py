@@ -19,8 +19,7 @@ from jaxbuf._types import PyTree
 MAX_CAPACITY = _validation.MAX_INT32 // 2
 
 
-@struct.dataclass
-class RingState:
+class RingState(struct.PyTreeNode):
     """A flat ring of items (replay buffer), with its sampler's state.
 
     Attributes:
@@ -52,16 +51,12 @@ class RingState:
         """On the host: `(labels, index, tree)`, the stored items being
         `tree[index]` in storage order (rows `[0, size)`; for a vectorized state,
         `(buffer, row)` pairs buffer after buffer, labelled so)."""
-        size = np.asarray(self.size)
-        if size.ndim == 0:
-            return {}, (np.arange(int(size), dtype=np.int32),), self.experience
-        buffer = np.repeat(np.arange(len(size), dtype=np.int32), size)
-        row = np.concatenate([np.arange(n, dtype=np.int32) for n in size])
-        return {"buffer": buffer, "row": row}, (buffer, row), self.experience
+        if np.ndim(self.size):
+            return stacked_rows(self)
+        return {}, (np.arange(int(self.size), dtype=np.int32),), self.experience
 
 
-@struct.dataclass
-class TimeRingState:
+class TimeRingState(struct.PyTreeNode):
     """One time ring per environment (trajectory, transition and episode buffers).
 
     Attributes:
@@ -94,11 +89,30 @@ class TimeRingState:
         """On the host: `(labels, index, tree)`, the stored steps being
         `tree[index]`, environment after environment, each oldest first, labelled
         with `env` and `time` (0 for the oldest stored step)."""
+        if np.ndim(self.size):
+            return stacked_rows(self)
         size, position = int(self.size), int(self.position)
         num_envs, capacity = jax.tree_util.tree_leaves(self.experience)[0].shape[:2]
         env, time = np.divmod(np.arange(num_envs * size, dtype=np.int32), max(size, 1))
         rows = ((position - size + time) % capacity).astype(np.int32)
         return {"env": env, "time": time}, (env, rows), self.experience
+
+
+def stacked_rows(state: RingState | TimeRingState):
+    """`stored_rows` of a vectorized state (leaves `[num_buffers, ...]`): each
+    buffer's in turn, labelled with `buffer` (and `row` for flat rings)."""
+    labels: dict[str, list] = {}
+    index: list[list] = []
+    for b in range(len(state.size)):
+        one = jax.tree.map(lambda x, b=b: x[b], state.replace(sampler=None))
+        named, rows, _ = one.stored_rows()
+        named = {"buffer": np.full(len(rows[0]), b, np.int32), **(named or {"row": rows[0]})}
+        for key, value in named.items():
+            labels.setdefault(key, []).append(value)
+        for axis, value in enumerate((named["buffer"], *rows)):
+            (index[axis] if axis < len(index) else index.append([]) or index[axis]).append(value)
+    joined = {k: np.concatenate(v) for k, v in labels.items()}
+    return joined, tuple(np.concatenate(v) for v in index), state.experience
 
 
 def counters() -> dict[str, jax.Array]:

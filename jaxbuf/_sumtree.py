@@ -17,13 +17,14 @@ sums are their pairwise sums.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 
-@struct.dataclass
-class SumTreeState:
+class SumTreeState(struct.PyTreeNode):
     """Sums and minima of the leaf values below every node.
 
     Attributes:
@@ -106,21 +107,30 @@ def update(
       method: `"sequential"` walks each leaf's path to the root in turn, in scalar
         loops, which XLA compiles tightly on CPU (40 us against 150 for B = 256
         at capacity 1e6); `"parallel"` recomputes one level of every path at a
-        time, for accelerators. None picks by the default backend.
+        time, for accelerators. None picks per lowering platform with
+        `jax.lax.platform_dependent` (sequential on CPU, parallel elsewhere), so
+        a program exported from a CPU host for `cuda` gets the parallel method.
     """
+    keep = jnp.ones(indices.shape, bool) if keep is None else keep
+    sequential = jax.named_call(_update_sequential, name="sumtree_sequential")
+    parallel = jax.named_call(functools.partial(_update_parallel, unique=unique),
+                              name="sumtree_parallel")  # fmt: skip
     if method is None:
-        method = "sequential" if jax.default_backend() == "cpu" else "parallel"
-    if method == "sequential":
-        return _update_sequential(tree, indices, values, keep)
-    if method != "parallel":
+        return jax.lax.platform_dependent(
+            tree, indices, values, keep, cpu=sequential, default=parallel
+        )
+    if method not in ("sequential", "parallel"):
         raise ValueError(f"method must be 'sequential' or 'parallel', got {method!r}.")
-    if not unique:  # the last occurrence among the kept entries
-        marked = indices if keep is None else jnp.where(keep, indices, -1 - jnp.arange(len(keep)))
-        last = last_occurrence(marked)
-        keep = last if keep is None else keep & last
+    return (sequential if method == "sequential" else parallel)(tree, indices, values, keep)
+
+
+def _update_parallel(tree, indices, values, keep, *, unique: bool) -> SumTreeState:
+    """One level of every path at a time; the last kept occurrence of an index wins."""
+    if not unique:
+        marked = jnp.where(keep, indices, -1 - jnp.arange(len(keep)))
+        keep = keep & last_occurrence(marked)
     size = tree.sums.shape[0]  # out of bounds: the write is dropped
-    rows = indices + _leaf_offset(tree)
-    rows = rows if keep is None else jnp.where(keep, rows, size)
+    rows = jnp.where(keep, indices + _leaf_offset(tree), size)
     sums = tree.sums.at[rows].set(values, mode="drop")
     minima = tree.minima.at[rows].set(_positive_or_inf(values), mode="drop")
 
@@ -170,9 +180,7 @@ def _update_sequential(tree, indices, values, keep) -> SumTreeState:
         _, sums, minima = jax.lax.fori_loop(0, _depth(tree), level, (row, sums, minima))
         return (sums, minima), None
 
-    keep = jnp.ones(indices.shape, bool) if keep is None else keep
-    entries = (indices, values, keep)
-    (sums, minima), _ = jax.lax.scan(one, (tree.sums, tree.minima), entries)
+    (sums, minima), _ = jax.lax.scan(one, (tree.sums, tree.minima), (indices, values, keep))
     return _with_minimum(sums, minima)
 
 

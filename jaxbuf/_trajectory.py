@@ -86,7 +86,7 @@ def init_steps(num_envs: int, capacity: int) -> Callable:
     return init
 
 
-def _kind(config: dict, done_fn) -> _buffers.Kind:
+def _layout(config: dict, done_fn) -> _buffers.Layout:
     num_envs, capacity, _, length, period, min_size = config.values()
     write_steps = step_writer(num_envs, capacity)
 
@@ -102,7 +102,7 @@ def _kind(config: dict, done_fn) -> _buffers.Kind:
         envs, starts = jnp.divmod(slots, capacity)
         return (*windows(state.experience, envs, starts, length, done_fn), None)
 
-    return _buffers.Kind(
+    return _buffers.Layout(
         init=init_steps(num_envs, capacity),
         write=write,
         num_slots=num_envs * capacity,
@@ -111,7 +111,7 @@ def _kind(config: dict, done_fn) -> _buffers.Kind:
         slot=slot,
         usable=lambda state, slots: _buffers.valid_start(state, slots % capacity, length, period),
         expand=expand,
-        ready=lambda state: state.size >= min_size,
+        ready=lambda state, slots=None: state.size >= min_size,
         one_step=one_step(num_envs),
     )
 
@@ -200,6 +200,6 @@ def make_trajectory_buffer(
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
     return _buffers.assemble(
-        _kind(config, done_fn), sampler, config["sample_batch_size"], kind="trajectory",
+        _layout(config, done_fn), sampler, config["sample_batch_size"], kind="trajectory",
         **config, **_buffers.done_config(done_fn),
     )  # fmt: skip

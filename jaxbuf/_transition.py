@@ -28,8 +28,7 @@ from jaxbuf._types import Buffer, PyTree, Transition
 STORED = ("obs", "action", "reward", "terminated", "truncated")
 
 
-@struct.dataclass
-class FinalObservations:
+class FinalObservations(struct.PyTreeNode):
     """A transition buffer's side ring: the final observations of ended episodes.
 
     Attributes:
@@ -186,7 +185,7 @@ def n_step_at(state: TimeRingState, slots: jax.Array, n: int, discount: float):
     envs, starts = jnp.divmod(slots, capacity)
     times = _buffers.window_times(starts, n, capacity)
     reward, terminated, truncated = (
-        _storage.read(steps[name], envs[:, None], times)
+        jnp.asarray(_storage.read(steps[name], envs[:, None], times))
         for name in ("reward", "terminated", "truncated")
     )
     used = _trajectory.episode_mask(terminated | truncated)
@@ -262,7 +261,7 @@ def _one_step(num_envs: int):
     return expand
 
 
-def _kind(config: dict) -> _buffers.Kind:
+def _layout(config: dict) -> _buffers.Layout:
     num_envs, capacity, _, n, discount, min_episode_length, min_size = config.values()
 
     def counts(state):
@@ -282,7 +281,7 @@ def _kind(config: dict) -> _buffers.Kind:
         transition, length = n_step_at(state, slots, n, discount)
         return transition, None, length
 
-    return _buffers.Kind(
+    return _buffers.Layout(
         init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length)),
         write=_writer(num_envs, capacity, n + 1),
         num_slots=num_envs * capacity,
@@ -291,7 +290,7 @@ def _kind(config: dict) -> _buffers.Kind:
         slot=slot,
         usable=usable,
         expand=expand,
-        ready=lambda state: state.size >= min_size,
+        ready=lambda state, slots=None: state.size >= min_size,
         one_step=_one_step(num_envs),
     )
 
@@ -356,5 +355,5 @@ def make_transition_buffer(
     )
     sampler = _buffers.check_sampler(sampler)
     return _buffers.assemble(
-        _kind(config), sampler, config["sample_batch_size"], kind="transition", **config
+        _layout(config), sampler, config["sample_batch_size"], kind="transition", **config
     )

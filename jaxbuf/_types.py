@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 from flax import struct
@@ -90,6 +90,8 @@ class Buffer(_Record):
         `[num_envs, ...]`); None for a replay buffer.
       set_priorities: `set_priorities(state, indices, priorities) -> state`; None
         unless the sampler is `prioritized`.
+      layout: the kind's storage, anchors and unit, for transforms (`vectorize`).
+      sampler: the `Sampler`, for transforms.
 
     Example:
       >>> import jax, jaxbuf
@@ -107,10 +109,11 @@ class Buffer(_Record):
     config: Config
     add_step: Callable[..., Any] | None = None
     set_priorities: Callable[..., Any] | None = None
+    layout: Any = dataclasses.field(default=None, repr=False)
+    sampler: Any = dataclasses.field(default=None, repr=False)
 
 
-@struct.dataclass
-class Sample:
+class Sample(struct.PyTreeNode):
     """What `sample` returns, for every sampled kind.
 
     Attributes:
@@ -155,8 +158,7 @@ class Sample:
     source: jax.Array | None = None
 
 
-@struct.dataclass
-class Transition:
+class Transition(struct.PyTreeNode):
     """One environment step, as a transition buffer takes it, and as it samples it.
 
     `add` takes leaves `[num_envs, T, ...]` (no `discount`); `sample` returns
@@ -196,6 +198,32 @@ class Transition:
     truncated: jax.Array
     next_obs: PyTree
     discount: jax.Array | None = None
+
+
+@runtime_checkable
+class BufferLike(Protocol):
+    """What every jaxbuf buffer is (sampled kinds, vectorized and sharded ones, queue,
+    rollout): a record of pure functions with `init`, `add` and `config`, and
+    `.replace(**fields)` returning the same type.
+
+    Example:
+      >>> import jaxbuf
+      >>> buffers = [jaxbuf.make_replay_buffer(8, 2), jaxbuf.make_queue(8, 2, 2),
+      ...            jaxbuf.make_rollout_buffer(4, 2, discount=0.9, gae_lambda=0.9)]
+      >>> all(isinstance(b, jaxbuf.BufferLike) for b in buffers)
+      True
+    """
+
+    @property
+    def init(self) -> Callable[..., Any]: ...
+
+    @property
+    def add(self) -> Callable[..., Any]: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    def replace(self, **fields: Any) -> Any: ...
 
 
 class InitFn(Protocol):
@@ -270,6 +298,7 @@ class SampleFn(Protocol):
         Returns:
           A `Sample` of `sample_batch_size` items.
         """
+        ...
 
 
 class CanSampleFn(Protocol):
@@ -285,3 +314,4 @@ class CanSampleFn(Protocol):
 
     def __call__(self, state: Any) -> jax.Array:
         """Returns a bool scalar array."""
+        ...

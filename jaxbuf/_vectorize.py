@@ -1,36 +1,133 @@
-"""Independent buffers, one per environment, behind one interface."""
+"""Independent buffers of any sampled kind, one per environment (say), behind one interface.
+
+`vectorize` lifts a kind's layout over a leading buffer axis: the state is the
+single buffer's state stacked `num_buffers` times, but for the sampler's state,
+which covers the slots of every buffer at once (buffer `b`'s slot `s` is
+`b * num_slots + s`), so one draw is uniform (or in proportion to priority)
+over everything stored in all buffers.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxbuf import _sampling, _storage, _validation
-from jaxbuf._storage import RingState
-from jaxbuf._types import Buffer, Config, PyTree, Sample
+from jaxbuf import _buffers, _validation
+from jaxbuf._buffers import Layout
+from jaxbuf._samplers import Changes
+from jaxbuf._types import Buffer, PyTree
+
+
+def _inner(state):
+    """The stacked single-buffer states, without the (global) sampler state."""
+    return state.replace(sampler=None)
+
+
+def _check_lead(tree: PyTree, count: int, what: str) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = np.shape(leaf)
+        if not shape or shape[0] != count:
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)} has shape {tuple(shape)}; expected a "
+                f"leading axis of num_buffers={count}, one entry per buffer."
+            )
+
+
+def _pick(stacked: PyTree, which: jax.Array) -> PyTree:
+    """Row `i` of buffer `which[i]` from leaves `[num_buffers, B, ...]`."""
+    rows = jnp.arange(which.shape[0])
+    return jax.tree.map(lambda x: x[which, rows], stacked)
+
+
+def _lifted_changes(changes: Changes, count: int, num_slots: int) -> Changes:
+    base = (jnp.arange(count, dtype=jnp.int32) * num_slots)[:, None]
+    cleared = None
+    if changes.cleared is not None:
+        cleared = jnp.where(changes.cleared >= 0, changes.cleared + base, -1).ravel()
+    keep = None if changes.keep is None else changes.keep.ravel()
+    return Changes(cleared, (changes.filled + base).ravel(), keep)
+
+
+def lift(layout: Layout, count: int) -> Layout:
+    """`layout` over `count` stacked buffers (see the module docstring)."""
+    slots, groups = layout.num_slots, layout.groups
+
+    def init(example: PyTree):
+        one = layout.init(example)
+        return jax.tree.map(lambda x: jnp.repeat(x[None], count, axis=0), one)
+
+    def write(state, data: PyTree):
+        _check_lead(data, count, "items")
+        try:
+            after, changes = jax.vmap(layout.write)(_inner(state), data)
+        except (ValueError, TypeError) as error:
+            raise type(error)(
+                f"{error} (shapes there are one buffer's, without the leading num_buffers axis.)"
+            ) from error
+        return after.replace(sampler=state.sampler), _lifted_changes(changes, count, slots)
+
+    def counts(state) -> jax.Array:
+        per = jax.vmap(layout.counts)(_inner(state))
+        return jnp.broadcast_to(per.reshape(count, -1), (count, groups)).ravel()
+
+    def slot(state, group, member):
+        which, local = jnp.divmod(group, groups)
+        per = jax.vmap(lambda s: layout.slot(s, local, member))(_inner(state))
+        return which * slots + _pick(per, which)
+
+    def usable(state, flat):
+        which, local = jnp.divmod(flat, slots)
+        return _pick(jax.vmap(lambda s: layout.usable(s, local))(_inner(state)), which)
+
+    def expand(state, flat):
+        which, local = jnp.divmod(flat, slots)
+        return _pick(jax.vmap(lambda s: layout.expand(s, local))(_inner(state)), which)
+
+    def ready(state, flat=None):
+        per = jax.vmap(layout.ready)(_inner(state))
+        return jnp.all(per) if flat is None else per[flat // slots]
+
+    def one_step(state, step: PyTree):
+        _check_lead(step, count, "step")
+        assert layout.one_step is not None
+        return jax.vmap(layout.one_step)(_inner(state), step)
+
+    return Layout(
+        init, write, count * slots, count * groups, counts, slot, usable, expand, ready,
+        None if layout.one_step is None else one_step,
+    )  # fmt: skip
 
 
 def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
-    """Turns one replay buffer into `num_buffers` independent ones over a stacked state.
+    """Turns one sampled buffer into `num_buffers` independent ones over a stacked state.
 
-    Each buffer (say, one per environment) keeps its own FIFO order. The state is
-    the single-buffer state with a leading `[num_buffers]` axis on every leaf,
-    `size` included; `init`, `add` and `can_sample` equal `jax.vmap` of the single
-    functions (`can_sample` is true when every buffer can sample).
+    Each buffer (say, one per environment) keeps its own FIFO order, episodes and
+    `min_size`. The state is the single buffer's state with a leading
+    `[num_buffers]` axis on every leaf (`size` included), but for the sampler's
+    state: one sampler covers every buffer's slots, so `sample` draws
+    `sample_batch_size` items in total, uniformly (or in proportion to priority)
+    over everything stored in all buffers; how many come from each buffer is
+    random. A sample's `source` is the buffer of each item and its `indices` are
+    `buffer * num_slots + index` (accepted by `take` and `set_priorities`); an
+    item is `valid` where its own buffer holds `min_size`. `can_sample` is true
+    when every buffer can sample.
 
-    `sample` draws `sample_batch_size` items in total, uniformly over all the
-    items stored in all buffers: the number taken from each buffer is random
-    (multinomial, in proportion to its size) and the sample says which buffer
-    each item came from. Without replacement the `(buffer, row)` pairs are
-    distinct whenever the buffers hold `sample_batch_size` items together.
+    The expansion of drawn items runs once per buffer and keeps each item's
+    own, so a `sample` costs about `num_buffers` times a single buffer's reads:
+    for many environments prefer one per-environment buffer (`num_envs`) where
+    one shared clock suits the data.
 
     Args:
-      buffer: a buffer made by `make_replay_buffer` with the uniform sampler.
+      buffer: a buffer made by `make_replay_buffer`, `make_trajectory_buffer`,
+        `make_transition_buffer` or `make_episode_buffer`, with either sampler.
       num_buffers: the number of independent buffers.
 
     Returns:
-      A `Buffer` whose `config` adds `num_buffers`. Its `add` takes leaves
-      `[num_buffers, B, ...]`; its samples' `source` is the buffer of each item.
+      A `Buffer` whose `config` adds `num_buffers`; its `add` takes leaves
+      `[num_buffers, ...]` of what the single buffer's `add` takes.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -41,48 +138,27 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
       >>> state.size.tolist(), batch.experience["obs"].shape, batch.source.shape
       ([4, 4, 4], (6, 2), (6,))
     """
-    config = getattr(buffer, "config", None)
-    kind = (config.get("kind"), config.sampler.kind) if isinstance(config, Config) else None
-    if kind != ("replay", "uniform"):
+    if not isinstance(buffer, Buffer) or not isinstance(buffer.layout, Layout):
         raise TypeError(
-            "vectorize takes a uniform replay buffer (make_replay_buffer), got "
-            f"{kind or type(buffer).__name__}. For prioritized replay over many "
-            "environments, use make_transition_buffer or make_trajectory_buffer with "
-            "sampler=jaxbuf.prioritized() (one sum tree over every environment), or "
-            "jax.vmap the buffer's functions to keep one tree and one batch per environment."
+            "vectorize takes a sampled buffer (make_replay_buffer, make_trajectory_buffer, "
+            f"make_transition_buffer, make_episode_buffer), got {type(buffer).__name__}."
         )
+    if "num_buffers" in buffer.config:
+        raise ValueError("this buffer is vectorized already; vectorize the single buffer.")
+    num_slots = buffer.layout.num_slots
     num_buffers = _validation.check_int(
-        "num_buffers", num_buffers, maximum=_validation.MAX_INT32 // config.capacity
+        "num_buffers", num_buffers, maximum=_validation.MAX_INT32 // num_slots
     )
-    pick = _sampling.uniform_indices if config.sampler.replacement else _sampling.distinct_indices
+    config = {k: v for k, v in buffer.config.items() if k != "sampler"}
+    vectorized = _buffers.assemble(
+        lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
+        **config, num_buffers=num_buffers,
+    )  # fmt: skip
+    sample = vectorized.sample
 
-    def init(example: PyTree) -> RingState:
-        """`num_buffers` empty states, stacked: every leaf `[num_buffers, ...]`."""
-        shapes = jax.eval_shape(lambda: buffer.init(example))
-        return jax.tree.map(lambda s: jnp.zeros((num_buffers, *s.shape), s.dtype), shapes)
+    @functools.wraps(sample)
+    def sample_with_source(state, key, **options):
+        batch = sample(state, key, **options)
+        return batch.replace(source=batch.indices // num_slots)
 
-    def add(state: RingState, items: PyTree) -> RingState:
-        """Adds `items` (leaves `[num_buffers, B, ...]`), buffer `i` taking `items[i]`."""
-        spec = _storage.item_spec(state.experience, 1)
-        _validation.check_batch(spec, items, [("num_buffers", num_buffers), ("B", None)])
-        return jax.vmap(buffer.add)(state, items)
-
-    def sample(state: RingState, key: jax.Array) -> Sample:
-        """`sample_batch_size` items drawn uniformly over all buffers' items; `indices`
-        are `buffer * capacity + row` (for `take`), `source` the buffer."""
-        ends = jnp.cumsum(state.size, dtype=jnp.int32)
-        which, rows = _sampling.locate(pick(key, ends[-1], config.sample_batch_size), state.size)
-        experience = _storage.read(state.experience, which, rows)
-        valid = (state.size >= config.min_size)[which]
-        return Sample(experience, which * config.capacity + rows, valid, source=which)
-
-    def can_sample(state: RingState) -> jax.Array:
-        """bool scalar: true when every buffer can sample."""
-        return jnp.all(state.size >= config.min_size)
-
-    def take(state: RingState, indices: jax.Array) -> PyTree:
-        """The items at `indices` (`buffer * capacity + row`, a sample's), clamped."""
-        flat = jnp.clip(jnp.asarray(indices, jnp.int32), 0, num_buffers * config.capacity - 1)
-        return _storage.read(state.experience, *jnp.divmod(flat, config.capacity))
-
-    return Buffer(init, add, sample, can_sample, take, Config(**config, num_buffers=num_buffers))
+    return vectorized.replace(sample=sample_with_source)

@@ -114,7 +114,7 @@ def test_dataset_errors_are_named(tmp_path):
     buffer = jaxbuf.make_replay_buffer(8, 2)
     stacked = jaxbuf.vectorize(buffer, 2).init(EXAMPLE)
     with pytest.raises(
-        TypeError, match="DatasetWriter follows one \\(not vectorized\\) replay buffer state"
+        TypeError, match=re.escape("follows the state of one sampled buffer (replay, trajectory")
     ):
         jaxbuf.DatasetWriter(tmp_path / "v", stacked)
     tuple_items = buffer.init((jnp.zeros(2), jnp.int32(0)))
@@ -165,3 +165,42 @@ def test_a_failed_pending_write_makes_flush_raise_and_keeps_the_old_length(tmp_p
     with pytest.raises(OSError, match="no space left"):
         writer.flush()
     assert jaxbuf.read_dataset(tmp_path / "data")["meta"]["id"].tolist() == [0, 1, 2]
+
+
+def test_per_environment_kinds_write_env_time_final_observations_and_priority_leaves(tmp_path):
+    num_envs, capacity = 2, 6
+    buffer = jaxbuf.make_transition_buffer(
+        num_envs, capacity, 4, n_step=1, sampler=jaxbuf.prioritized(priority_exponent=1.0)
+    )
+    ids = np.arange(20).reshape(num_envs, 10)
+
+    def steps(lo, hi):
+        chunk = ids[:, lo:hi]
+        return jaxbuf.Transition(
+            obs=chunk.astype(np.float32), action=chunk.astype(np.int32),
+            reward=np.ones(chunk.shape, np.float32), terminated=chunk % 4 == 3,
+            truncated=np.zeros(chunk.shape, bool), next_obs=-chunk.astype(np.float32),
+        )  # fmt: skip
+
+    state = buffer.init(jax.tree.map(lambda x: x[0, 0], steps(0, 1)))
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state)
+    for lo, hi in ((0, 4), (4, 9), (9, 10)):  # wraps the 6-step rings
+        state = buffer.add(state, steps(lo, hi))
+        assert writer.append(state) == hi - lo
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")
+    assert data["time"].tolist() == np.repeat(np.arange(10), num_envs).tolist()
+    assert data["env"].tolist() == [0, 1] * 10
+    np.testing.assert_array_equal(data["obs"], ids.T.ravel())  # time-major
+    ended = data["terminated"]
+    np.testing.assert_array_equal(data["final_obs"][ended], -data["obs"][ended])
+    # a step whose successor was not stored yet at its append could not be drawn
+    assert set(np.unique(data["priority_leaf"]).tolist()) <= {0.0, 1.0}
+    assert data["priority_leaf"][:6].tolist() == [1.0] * 6  # steps 0..2 had successors
+
+
+def test_item_leaves_named_like_dataset_columns_are_refused(tmp_path):
+    buffer = jaxbuf.make_trajectory_buffer(2, 4, 2, 1)
+    state = buffer.init({"env": jnp.int32(0)})
+    with pytest.raises(ValueError, match=re.escape("leaves ['env'] of the items clash")):
+        jaxbuf.DatasetWriter(tmp_path / "data", state)

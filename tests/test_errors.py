@@ -176,12 +176,11 @@ def test_float64_input_is_what_jax_makes_of_it():
     [
         (
             {"obs": jnp.ones((2, 1, 3)), "action": jnp.zeros((2, 1), jnp.int32)},
-            "items['action'] has num_buffers=2 (shape (2, 1)), but it must be 3.",
+            "items['action'] has shape (2, 1); expected a leading axis of num_buffers=3",
         ),
         (
             good_items(),
-            "items['action'] has shape (2,); expected (num_buffers, B): the leading axes "
-            "num_buffers, B, then the item shape ().",
+            "items['action'] has shape (2,); expected a leading axis of num_buffers=3",
         ),
     ],
 )
@@ -193,12 +192,15 @@ def test_vectorized_add_checks_the_buffer_axis(items, message, variant):
 
 
 def test_vectorize_validates_its_arguments():
-    with pytest.raises(TypeError, match="vectorize takes a uniform replay buffer"):
+    with pytest.raises(TypeError, match="vectorize takes a sampled buffer"):
         jaxbuf.vectorize((lambda: None, lambda: None), 2)
-    with pytest.raises(
-        TypeError, match=re.escape("got ('replay', 'prioritized'). For prioritized replay")
-    ):
-        jaxbuf.vectorize(prioritized_replay(8, 2), 2)
+    with pytest.raises(TypeError, match=r"vectorize takes a sampled buffer .*, got Queue"):
+        jaxbuf.vectorize(jaxbuf.make_queue(4, 2, 2), 2)
+    with pytest.raises(ValueError, match="vectorized already"):
+        jaxbuf.vectorize(jaxbuf.vectorize(prioritized_replay(8, 2), 2), 2)
+    with pytest.raises(ValueError, match=re.escape("(shapes there are one buffer's")):
+        vectorized = jaxbuf.vectorize(jaxbuf.make_replay_buffer(8, 2), 2)
+        vectorized.add(vectorized.init(jnp.float32(0)), jnp.zeros((2, 3, 1)))
     buffer = jaxbuf.make_replay_buffer(2**20, 2)
     with pytest.raises(ValueError, match=re.escape("num_buffers must be in [1, 2047], got 4096")):
         jaxbuf.vectorize(buffer, 4096)
