@@ -2,7 +2,9 @@
 
 A kind's layout knows where its data lives and how it is written (`init`, `write`),
 which slots may be drawn now (its anchors: `num_slots`, `groups`, `counts`,
-`slot`, `usable`), what one drawn slot expands into (`expand`: an item, a
+`slot`, `usable`; `slot` gives where an anchor lies, e.g. `(env, time)`, which
+`flatten` turns into the slot `env * capacity + time` and `place` back), what one
+drawn slot expands into (`expand`: an item, a
 window, an n-step transition, a padded episode) and when the buffer is ready
 (`ready(state, slots=None)`: `min_size`; a bool scalar, or per drawn slot).
 `sample` is then `sampler.draw` over the anchors,
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuf import _storage
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._types import Buffer, Config, PyTree, Sample
 
@@ -33,10 +36,12 @@ class Layout(NamedTuple):
     num_slots: int
     groups: int
     counts: Callable[[Any], jax.Array]
-    slot: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    slot: Callable[[Any, jax.Array, jax.Array], Any]
     usable: Callable[[Any, jax.Array], jax.Array]
-    expand: Callable[[Any, jax.Array], tuple[PyTree, jax.Array | None, jax.Array | None]]
+    expand: Callable[[Any, Any], tuple[PyTree, jax.Array | None, jax.Array | None]]
     ready: Callable[..., jax.Array]
+    place: Callable[[jax.Array], Any]
+    flatten: Callable[[Any], jax.Array]
     one_step: Callable[[Any, PyTree], PyTree] | None = None
 
 
@@ -97,7 +102,7 @@ def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Ar
       anything is drawable, and `valid` is false (weights 0).
     """
     drawn = sampler.draw(layout, state, key, batch, **options)
-    experience, mask, length = layout.expand(state, drawn.slots)
+    experience, mask, length = layout.expand(state, drawn.where)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
     return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
@@ -125,7 +130,7 @@ def take(layout: Layout, state: Any, indices: jax.Array) -> PyTree:
         raise TypeError(f"indices must be a 1-D integer array [k], got {indices.dtype}"
                         f"{list(indices.shape)}.")  # fmt: skip
     slots = jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1)
-    return layout.expand(state, slots)[0]
+    return layout.expand(state, layout.place(slots))[0]
 
 
 def set_priorities(layout: Layout, sampler: Sampler, state: Any, indices, priorities) -> Any:
@@ -187,6 +192,15 @@ def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> 
 
 
 DEFAULT_SAMPLER = uniform()
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def splitter(size: int) -> tuple[Callable, Callable]:
+    """`(place, flatten)` of slots `outer * size + inner`."""
+    return (lambda slots: _storage.split(slots, size)), (lambda where: where[0] * size + where[1])
 
 
 def window_times(starts: jax.Array, length: int, capacity: int) -> jax.Array:

@@ -158,11 +158,11 @@ def _init(num_envs: int, capacity: int, k: int):
     return init
 
 
-def _padded(state: TimeRingState, slots: jax.Array, k: int, max_length: int):
-    """The episodes of record slots `env * K + slot`, padded with zeros: `(experience,
-    mask, length)`."""
+def _padded(state: TimeRingState, where: tuple, max_length: int):
+    """The episodes of records `(env, slot)` (int32 `[B]` each), padded with zeros:
+    `(experience, mask, length)`."""
     capacity = _storage.capacity_of(state.experience, 1)
-    envs, slot = jnp.divmod(slots, k)
+    envs, slot = where
     records = state.side
     age = (state.added - records.first_step[envs, slot]).astype(jnp.int32)
     times = _buffers.window_times((state.position - age) % capacity, max_length, capacity)
@@ -182,10 +182,12 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
     k = math.ceil(capacity / min_episode_length)
 
     def slot(state, env, member):
-        return env * k + (state.side.position[env] - state.side.size[env] + member) % k
+        return env, (state.side.position[env] - state.side.size[env] + member) % k
+
+    place, flatten = _buffers.splitter(k)
 
     def usable(state, slots):
-        envs, slot = jnp.divmod(slots, k)
+        envs, slot = _storage.split(slots, k)
         rank = (slot - (state.side.position[envs] - state.side.size[envs])) % k
         return rank < state.side.size[envs]
 
@@ -197,8 +199,10 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
         counts=lambda state: state.side.size,
         slot=slot,
         usable=usable,
-        expand=lambda state, slots: _padded(state, slots, k, max_length),
+        expand=lambda state, where: _padded(state, where, max_length),
         ready=lambda state, slots=None: state.side.size.sum() >= min_episodes,
+        place=place,
+        flatten=flatten,
         one_step=_trajectory.one_step(num_envs),
     )
 

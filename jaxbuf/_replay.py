@@ -34,6 +34,8 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
         usable=lambda state, rows: (rows >= 0) & (rows < state.size),
         expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
         ready=lambda state, slots=None: state.size >= min_size,
+        place=_buffers.identity,
+        flatten=_buffers.identity,
     )
 
 

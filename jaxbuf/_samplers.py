@@ -61,6 +61,7 @@ class Changes(struct.PyTreeNode):
 
 class Drawn(struct.PyTreeNode):
     slots: jax.Array
+    where: Any
     valid: jax.Array
     probabilities: jax.Array | None = None
     weights: jax.Array | None = None
@@ -108,16 +109,22 @@ def uniform(replacement: bool = True) -> Sampler:
 
     def draw(layout, state, key, count: int) -> Drawn:
         counts = layout.counts(state)
-        total = counts * layout.groups if counts.ndim == 0 else counts.sum()
-        flat = pick(key, total, count)
+        # The total as the last running sum: with `counts.sum()` instead, XLA fused the
+        # index hash into the group search and ran it once per group (2.5x slower).
+        ends = jnp.cumsum(counts) if counts.ndim else None
+        total = counts * layout.groups if ends is None else ends[-1]
         if layout.groups == 1:
-            group, member = jnp.zeros_like(flat), flat
-        elif counts.ndim == 0:  # every group holds `counts` anchors
-            group, member = jnp.divmod(flat, jnp.maximum(counts, 1))
+            group, member = jnp.zeros((count,), jnp.int32), pick(key, total, count)
+        elif counts.ndim == 0 and replacement:  # equal groups: no division (slow on CPU)
+            words = _sampling.random_words(key, 2 * count)
+            group = _sampling.scale_below(words[:count], jnp.int32(layout.groups))
+            member = _sampling.scale_below(words[count:], counts)
+        elif counts.ndim == 0:
+            group, member = jnp.divmod(pick(key, total, count), jnp.maximum(counts, 1))
         else:
-            group, member = _sampling.locate(flat, counts)
-        slots = layout.slot(state, group, member)
-        return Drawn(slots, jnp.broadcast_to(total > 0, flat.shape))
+            group, member = _sampling.locate(pick(key, total, count), counts, ends)
+        where = layout.slot(state, group, member)
+        return Drawn(layout.flatten(where), where, jnp.broadcast_to(total > 0, (count,)))
 
     def available(layout, state) -> jax.Array:
         return jnp.sum(layout.counts(state)) > 0
@@ -199,7 +206,8 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
         drawn = _draw_in_proportion(
             state.sampler, key, count, layout.num_slots, stratified, importance_exponent
         )
-        return drawn.replace(valid=drawn.valid & layout.usable(state, drawn.slots))
+        valid = drawn.valid & layout.usable(state, drawn.slots)
+        return drawn.replace(where=layout.place(drawn.slots), valid=valid)
 
     def available(layout, state) -> jax.Array:
         return state.sampler.tree.total > 0
@@ -264,7 +272,7 @@ def _draw_in_proportion(
     safe = jnp.where(positive, leaf, 1.0)
     weights = jnp.where(positive, (safe / jnp.where(positive, smallest, 1.0)) ** -beta, 0.0)
     probabilities = jnp.where(positive, safe / jnp.where(total > 0, total, 1.0), 0.0)
-    return Drawn(slots, positive, probabilities, weights)
+    return Drawn(slots, slots, positive, probabilities, weights)
 
 
 def _check_importance_exponent(value: Any) -> None:

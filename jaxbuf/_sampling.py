@@ -96,20 +96,23 @@ def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     return shuffled % jnp.maximum(n, 1)
 
 
-def locate(draws: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+def locate(
+    draws: jax.Array, counts: jax.Array, ends: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """The (group, member) of flat draws from `[0, sum(counts))`.
 
     Args:
       draws: int32 `[B]`, each in `[0, sum(counts))`.
       counts: int32 `[G]`, the members of each group (zero allowed); their sum
         must fit in int32.
+      ends: `cumsum(counts)`, when the caller has it.
 
     Returns:
       `(group, member)`, int32 `[B]` each, with `0 <= member < counts[group]`.
       When every count is zero they are placeholders in range: check
       `sum(counts) > 0` before using them.
     """
-    ends = jnp.cumsum(counts)
+    ends = jnp.cumsum(counts) if ends is None else ends
     method = "compare_all" if counts.shape[0] <= 64 else "scan"  # O(B * G) or O(B log G)
     group = jnp.searchsorted(ends, draws, side="right", method=method)
     group = jnp.minimum(group, counts.shape[0] - 1).astype(jnp.int32)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxbuf import _validation
 from jaxbuf._types import _Record
 
 
@@ -327,11 +328,6 @@ _ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value", "
 
 
 def _check_state(state: Any, count: int, axis_name: str) -> None:
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        shape = jnp.shape(leaf)
-        if not shape or shape[0] != count:
-            raise ValueError(
-                f"state{jax.tree_util.keystr(path)}: expected a leading shard axis of {count} "
-                f"(the size of mesh axis {axis_name!r}), got shape {tuple(shape)}. Make the "
-                "state with the sharded buffer's init."
-            )
+    expected = f"a leading shard axis of {count} (the size of mesh axis {axis_name!r})"
+    fix = "Make the state with the sharded buffer's init."
+    _validation.check_leading(state, count, "state", expected, fix)

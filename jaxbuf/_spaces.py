@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuf._types import PyTree
 from jaxbuf._validation import leaf_shape_dtype
-
-PyTree = Any
 
 _SUPPORTED = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
 

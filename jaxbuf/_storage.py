@@ -19,7 +19,18 @@ from jaxbuf._types import PyTree
 MAX_CAPACITY = _validation.MAX_INT32 // 2
 
 
-class RingState(struct.PyTreeNode):
+class _Ring(struct.PyTreeNode):
+    """The fields every ring state has (see `RingState` and `TimeRingState`)."""
+
+    experience: PyTree
+    position: jax.Array
+    size: jax.Array
+    added: jax.Array
+    side: PyTree = None
+    sampler: PyTree = None
+
+
+class RingState(_Ring):
     """A flat ring of items (replay buffer), with its sampler's state.
 
     Attributes:
@@ -40,13 +51,6 @@ class RingState(struct.PyTreeNode):
       ((100, 3), 5, 5)
     """
 
-    experience: PyTree
-    position: jax.Array
-    size: jax.Array
-    added: jax.Array
-    side: PyTree = None
-    sampler: PyTree = None
-
     def stored_rows(self) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...], PyTree]:
         """On the host: `(labels, index, tree)`, the stored items being
         `tree[index]` in storage order (rows `[0, size)`; for a vectorized state,
@@ -56,7 +60,7 @@ class RingState(struct.PyTreeNode):
         return {}, (np.arange(int(self.size), dtype=np.int32),), self.experience
 
 
-class TimeRingState(struct.PyTreeNode):
+class TimeRingState(_Ring):
     """One time ring per environment (trajectory, transition and episode buffers).
 
     Attributes:
@@ -77,13 +81,6 @@ class TimeRingState(struct.PyTreeNode):
       >>> state.experience["obs"].shape, int(state.size)
       ((2, 50, 3), 7)
     """
-
-    experience: PyTree
-    position: jax.Array
-    size: jax.Array
-    added: jax.Array
-    side: PyTree = None
-    sampler: PyTree = None
 
     def stored_rows(self) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...], PyTree]:
         """On the host: `(labels, index, tree)`, the stored steps being
@@ -251,3 +248,10 @@ def push_where(
 def ring_rows(start: jax.Array, count: int, capacity: int) -> jax.Array:
     """int32 `[count]`: the rows `start, start + 1, ...` of a ring, wrapping."""
     return (start + jnp.arange(count, dtype=jnp.int32)) % capacity
+
+
+def split(slots: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+    """`(slots // size, slots % size)` of non-negative int32 `slots` (truncating
+    division by a constant: cheaper on CPU than `jnp.divmod`'s floor rounding)."""
+    size_ = jnp.int32(size)
+    return jax.lax.div(slots, size_), jax.lax.rem(slots, size_)

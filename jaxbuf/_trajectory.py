@@ -96,11 +96,13 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
 
     def slot(state, env, member):
         first, _ = first_start(state, length, period)
-        return env * capacity + (first + member * period) % capacity
+        return env, (first + member * period) % capacity
 
-    def expand(state, slots):
-        envs, starts = jnp.divmod(slots, capacity)
+    def expand(state, where):
+        envs, starts = where
         return (*windows(state.experience, envs, starts, length, done_fn), None)
+
+    place, flatten = _buffers.splitter(capacity)
 
     return _buffers.Layout(
         init=init_steps(num_envs, capacity),
@@ -112,6 +114,8 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
         usable=lambda state, slots: _buffers.valid_start(state, slots % capacity, length, period),
         expand=expand,
         ready=lambda state, slots=None: state.size >= min_size,
+        place=place,
+        flatten=flatten,
         one_step=one_step(num_envs),
     )
 

@@ -177,12 +177,11 @@ def _stale(before, after, stale, evicted, number) -> jax.Array:
     return jnp.where(evicted, jnp.maximum(shifted, offset + 1), shifted)
 
 
-def n_step_at(state: TimeRingState, slots: jax.Array, n: int, discount: float):
-    """The n-step transitions starting at `slots` `[B]` (`env * capacity + time`):
-    `(Transition, length)`."""
+def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float):
+    """The n-step transitions starting at time `starts` of environments `envs` (int32
+    `[B]` each): `(Transition, length)`."""
     steps, side = state.experience, state.side
     capacity = side.slot_of.shape[1]
-    envs, starts = jnp.divmod(slots, capacity)
     times = _buffers.window_times(starts, n, capacity)
     reward, terminated, truncated = (
         jnp.asarray(_storage.read(steps[name], envs[:, None], times))
@@ -270,16 +269,19 @@ def _layout(config: dict) -> _buffers.Layout:
 
     def slot(state, env, member):
         oldest = state.position - state.size
-        return env * capacity + (oldest + state.side.stale[env] + member) % capacity
+        return env, (oldest + state.side.stale[env] + member) % capacity
 
     def usable(state, slots):
-        envs, times = jnp.divmod(slots, capacity)
+        envs, times = _storage.split(slots, capacity)
         offset = (times - (state.position - state.size)) % capacity
         return _buffers.valid_start(state, times, n + 1) & (offset >= state.side.stale[envs])
 
-    def expand(state, slots):
-        transition, length = n_step_at(state, slots, n, discount)
+    def expand(state, where):
+        envs, starts = where
+        transition, length = n_step_at(state, envs, starts, n, discount)
         return transition, None, length
+
+    place, flatten = _buffers.splitter(capacity)
 
     return _buffers.Layout(
         init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length)),
@@ -291,6 +293,8 @@ def _layout(config: dict) -> _buffers.Layout:
         usable=usable,
         expand=expand,
         ready=lambda state, slots=None: state.size >= min_size,
+        place=place,
+        flatten=flatten,
         one_step=_one_step(num_envs),
     )
 

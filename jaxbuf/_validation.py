@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-PyTree = Any
+from jaxbuf._types import PyTree
 
 # Largest count an int32 counter holds; buffers index storage with int32.
 MAX_INT32 = int(np.iinfo(np.int32).max)
@@ -141,3 +141,13 @@ def check_batch(
                 f"silently: convert with .astype({want.dtype.name!r}) if that is intended."
             )
     return tuple(int(s) for s in sizes)  # type: ignore[arg-type]
+
+
+def check_leading(tree: PyTree, count: int, what: str, expected: str, fix: str) -> None:
+    """Raises unless every leaf of `tree` has a leading axis of `count`, naming the leaf."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = tuple(np.shape(leaf))
+        if not shape or shape[0] != count:
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)} has shape {shape}; expected {expected}. {fix}"
+            )

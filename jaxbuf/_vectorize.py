@@ -13,9 +13,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxbuf import _buffers, _validation
+from jaxbuf import _buffers, _storage, _validation
 from jaxbuf._buffers import Layout
 from jaxbuf._samplers import Changes
 from jaxbuf._types import Buffer, PyTree
@@ -27,13 +26,8 @@ def _inner(state):
 
 
 def _check_lead(tree: PyTree, count: int, what: str) -> None:
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        shape = np.shape(leaf)
-        if not shape or shape[0] != count:
-            raise ValueError(
-                f"{what}{jax.tree_util.keystr(path)} has shape {tuple(shape)}; expected a "
-                f"leading axis of num_buffers={count}, one entry per buffer."
-            )
+    expected = f"a leading axis of num_buffers={count}"
+    _validation.check_leading(tree, count, what, expected, "Give one entry per buffer.")
 
 
 def _pick(stacked: PyTree, which: jax.Array) -> PyTree:
@@ -74,17 +68,21 @@ def lift(layout: Layout, count: int) -> Layout:
         return jnp.broadcast_to(per.reshape(count, -1), (count, groups)).ravel()
 
     def slot(state, group, member):
-        which, local = jnp.divmod(group, groups)
+        which, local = _storage.split(group, groups)
         per = jax.vmap(lambda s: layout.slot(s, local, member))(_inner(state))
-        return which * slots + _pick(per, which)
+        return which, _pick(per, which)
 
     def usable(state, flat):
-        which, local = jnp.divmod(flat, slots)
+        which, local = _storage.split(flat, slots)
         return _pick(jax.vmap(lambda s: layout.usable(s, local))(_inner(state)), which)
 
-    def expand(state, flat):
-        which, local = jnp.divmod(flat, slots)
+    def expand(state, where):
+        which, local = where
         return _pick(jax.vmap(lambda s: layout.expand(s, local))(_inner(state)), which)
+
+    def place(flat):
+        which, local = _storage.split(flat, slots)
+        return which, layout.place(local)
 
     def ready(state, flat=None):
         per = jax.vmap(layout.ready)(_inner(state))
@@ -96,7 +94,8 @@ def lift(layout: Layout, count: int) -> Layout:
         return jax.vmap(layout.one_step)(_inner(state), step)
 
     return Layout(
-        init, write, count * slots, count * groups, counts, slot, usable, expand, ready,
+        init, write, count * slots, count * groups, counts, slot, usable, expand, ready, place,
+        lambda where: where[0] * slots + layout.flatten(where[1]),
         None if layout.one_step is None else one_step,
     )  # fmt: skip
 
