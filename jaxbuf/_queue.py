@@ -127,9 +127,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
         spec = _storage.item_spec(state.experience, 0)
         _validation.check_batch(spec, items, [("add_batch_size", config.add_batch_size)])
         room = can_add(state)
-        rows = (
-            state.position + jnp.arange(config.add_batch_size, dtype=jnp.int32)
-        ) % config.capacity
+        rows = _storage.ring_rows(state.position, config.add_batch_size, config.capacity)
         kept = jax.tree.map(
             lambda new, old: jnp.where(room, new, old), items, _storage.read(state.experience, rows)
         )
@@ -148,7 +146,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
         the rows, and `valid` false (nothing taken) otherwise."""
         ready = can_sample(state)
         head = state.position - state.size
-        rows = (head + jnp.arange(config.sample_batch_size, dtype=jnp.int32)) % config.capacity
+        rows = _storage.ring_rows(head, config.sample_batch_size, config.capacity)
         state = state.replace(size=state.size - jnp.where(ready, config.sample_batch_size, 0))
         batch = Sample(
             experience=_storage.read(state.experience, rows),

@@ -145,7 +145,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree) -> PyTree:
     Item `j` goes to row `(position + j) % capacity`.
     """
     batch = jax.tree_util.tree_leaves(items)[0].shape[0]
-    rows = (position + jnp.arange(batch, dtype=jnp.int32)) % capacity_of(experience)
+    rows = ring_rows(position, batch, capacity_of(experience))
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
         return column.at[rows].set(values, unique_indices=True, mode="promise_in_bounds")
@@ -185,7 +185,7 @@ def append(state: RingState, items: PyTree) -> tuple[RingState, jax.Array]:
         size=jnp.minimum(state.size + keep, capacity),
         added=state.added + (batch % 2**32),
     )
-    return state, (start + jnp.arange(keep, dtype=jnp.int32)) % capacity
+    return state, ring_rows(start, keep, capacity)
 
 
 def append_steps(state: TimeRingState, steps: PyTree) -> TimeRingState:
