@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxbuf import _storage
 from jaxbuf._samplers import Changes, Sampler, uniform
@@ -211,7 +210,7 @@ def window_times(starts: jax.Array, length: int, capacity: int) -> jax.Array:
 def valid_start(state: Any, times: jax.Array, span: int, period: int = 1) -> jax.Array:
     """Whether storage times `times` start `span` stored, consecutive steps on the
     `period` grid (never crossing the write position)."""
-    capacity = np.shape(jax.tree_util.tree_leaves(state.experience)[0])[1]
+    capacity = _storage.capacity_of(state.experience, 1)
     age = (state.position - 1 - times) % capacity  # 0: the newest step
     return (times % period == 0) & (age >= span - 1) & (age < state.size)
 
@@ -221,7 +220,7 @@ def span_changes(before: Any, after: Any, length: int, span: int, period: int = 
     `before.position`: the written rows are cleared (they are now the newest
     steps), and the `length` starts whose `span` the add completed are filled
     where they are valid starts."""
-    num_envs, capacity = np.shape(jax.tree_util.tree_leaves(after.experience)[0])[:2]
+    num_envs, capacity = jax.tree_util.tree_leaves(after.experience)[0].shape[:2]
     base = (jnp.arange(num_envs, dtype=jnp.int32) * capacity)[:, None]
     j = jnp.arange(length, dtype=jnp.int32)[None, :]
     completed = (before.position - span + 1 + j) % capacity

@@ -90,23 +90,22 @@ def _ring_axis(state: Any) -> int:
 def _take_rows(state: Any, rows: jax.Array) -> dict[str, Any]:
     """The given rows (every environment's, for a time ring) of the stored leaves and,
     where the state keeps them, final observations and priority leaves."""
-    columns: dict[str, Any] = {"": state.experience}
-    if isinstance(state, TimeRingState):
-        envs = jnp.arange(jax.tree.leaves(state.experience)[0].shape[0])[:, None]
-        columns[""] = _storage.read(state.experience, envs, rows[None, :])
-        side = state.side
-        if isinstance(side, FinalObservations):
-            slots = side.slot_of[envs, rows[None, :]].astype(jnp.int32)
-            columns["final_obs"] = _storage.read(side.experience, envs, slots)
+    if not isinstance(state, TimeRingState):
+        columns = {"": _storage.read(state.experience, rows)}
+        if isinstance(state.sampler, PriorityState):
+            columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, rows)
+        return columns
+    envs = jnp.arange(jax.tree.leaves(state.experience)[0].shape[0])[:, None]
+    where = envs, rows[None, :]
+    columns = {"": _storage.read(state.experience, *where)}
+    if isinstance(state.side, FinalObservations):
+        slots = state.side.slot_of[where].astype(jnp.int32)
+        columns["final_obs"] = _storage.read(state.side.experience, envs, slots)
+    if isinstance(state.sampler, PriorityState) and not isinstance(state.side, EpisodeRecords):
         slots = envs * _storage.capacity_of(state.experience, 1) + rows[None, :]
-        if isinstance(state.sampler, PriorityState) and not isinstance(side, EpisodeRecords):
-            columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, slots)
-        # time-major rows: step after step, environment after environment
-        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), columns)
-    columns[""] = _storage.read(state.experience, rows)
-    if isinstance(state.sampler, PriorityState):
-        columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, rows)
-    return columns
+        columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, slots)
+    # time-major rows: step after step, environment after environment
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), columns)
 
 
 def _newest(state: Any, new: int, first_time: int = 0) -> dict[str, np.ndarray]:
