@@ -72,18 +72,22 @@ def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes, min
     return config
 
 
-def _first_stored(state: TimeRingState, records: EpisodeRecords, size) -> jax.Array:
-    """Per environment, how many of the `size` newest records start before the oldest
-    stored step (a binary search: records are in time order, oldest first)."""
+def _overwritten(state: TimeRingState, records: EpisodeRecords, written: int) -> jax.Array:
+    """Per environment, how many of the newest `records.size` records start before
+    the oldest stored step, which an add of `written` steps left.
+
+    Records are in time order, so those are the oldest ones, and there are at
+    most `written` of them: records are stored before the add, so only those
+    whose first step was among the `written` overwritten steps go, and the open
+    episode's record only if it began there too (after them) or before them (and
+    then there were none). Checking those keeps the add O(written), not O(K).
+    """
     k = records.first_step.shape[1]
-    lo, hi = jnp.zeros_like(size), size
-    for _ in range(k.bit_length()):
-        mid = (lo + hi) // 2
-        slot = (records.position - size + mid) % k
-        start = jnp.take_along_axis(records.first_step, slot[:, None], axis=1)[:, 0]
-        stored = (state.added - start <= state.size.astype(jnp.uint32)) | (lo == hi)
-        lo, hi = jnp.where(stored, lo, mid + 1), jnp.where(stored, mid, hi)
-    return lo
+    j = jnp.arange(min(k, written), dtype=jnp.int32)[None, :]
+    slot = (records.position - records.size)[:, None] + j
+    start = jnp.take_along_axis(records.first_step, slot % k, axis=1)
+    gone = (j < records.size[:, None]) & (state.added - start > state.size.astype(jnp.uint32))
+    return gone.sum(axis=1, dtype=jnp.int32)
 
 
 def _record(before: TimeRingState, done: jax.Array, capacity: int) -> EpisodeRecords:
@@ -135,7 +139,7 @@ def _writer(num_envs: int, capacity: int, done_fn):
         after, written = write_steps(state, steps)  # validates `steps`
         done = _trajectory.apply_done_fn(done_fn, steps)  # [N, T]
         records = _record(state, done, capacity)
-        records = records.replace(size=records.size - _first_stored(after, records, records.size))
+        records = records.replace(size=records.size - _overwritten(after, records, written))
         pushed = done.sum(axis=1, dtype=jnp.int32)
         changes = _changes(state.side, records, pushed, written)
         return after.replace(side=records), changes

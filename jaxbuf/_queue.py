@@ -128,12 +128,14 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
         _validation.check_batch(spec, items, [("add_batch_size", config.add_batch_size)])
         room = can_add(state)
         rows = _storage.ring_rows(state.position, config.add_batch_size, config.capacity)
-        kept = jax.tree.map(
-            lambda new, old: jnp.where(room, new, old), items, _storage.read(state.experience, rows)
-        )
+        rows = jnp.where(room, rows, config.capacity)  # out of bounds: nothing written
+
+        def put(column: jax.Array, values: jax.Array) -> jax.Array:
+            return column.at[rows].set(values, mode="drop")
+
         taken = jnp.where(room, config.add_batch_size, 0)
         return state.replace(
-            experience=_storage.write(state.experience, state.position, kept),
+            experience=jax.tree.map(put, state.experience, items),
             position=(state.position + taken) % config.capacity,
             size=state.size + taken,
             added=state.added + taken.astype(jnp.uint32),
