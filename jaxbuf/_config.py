@@ -37,23 +37,31 @@ def _schema(factory) -> tuple[list[str], list[str]]:
     return required, [p.name for p in parameters]
 
 
-def _read(path: pathlib.Path) -> Any:
-    text = path.read_text()
+def _parser(path: pathlib.Path) -> Any:
     if path.suffix == ".json":
-        return json.loads(text)
+        return json.loads
     if path.suffix == ".toml":
         import tomllib
 
-        return tomllib.loads(text)
+        return tomllib.loads
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
             raise ImportError("reading YAML needs PyYAML: `pip install pyyaml`.") from None
-        return yaml.safe_load(text)  # plain data only, never Python objects
+        return yaml.safe_load  # plain data only, never Python objects
     raise ValueError(
         f"a buffer configuration file is .json, .toml, .yaml or .yml, got {path.name!r}."
     )
+
+
+def _read(path: pathlib.Path) -> Any:
+    """The file's data; a file that does not parse raises `ValueError` naming it."""
+    parse, text = _parser(path), path.read_text()
+    try:
+        return parse(text)
+    except Exception as error:  # each format raises its own error type
+        raise ValueError(f"{path} is not valid {path.suffix[1:].upper()}: {error}") from error
 
 
 def _named(table: dict, what: str, options: dict) -> tuple[str, Any]:

@@ -24,7 +24,8 @@ class QueueState(struct.PyTreeNode):
         queued item is at `(position - size) % capacity`.
       size: int32 scalar, the number of items queued.
       added: uint32 scalar, items ever queued, modulo 2**32.
-      dropped: int32 scalar, items offered to `add` while there was no room.
+      dropped: int32 scalar, items offered to `add` while there was no room
+        (saturating at 2**31 - 1, never wrapping).
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -139,7 +140,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
             position=(state.position + taken) % config.capacity,
             size=state.size + taken,
             added=state.added + taken.astype(jnp.uint32),
-            dropped=state.dropped + config.add_batch_size - taken,
+            dropped=_validation.count_up(state.dropped, config.add_batch_size - taken),
         )
 
     def pop(state: QueueState) -> tuple[QueueState, Sample]:

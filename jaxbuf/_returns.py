@@ -16,7 +16,9 @@ the step taken at time `t`:
 The end of the arrays is treated as a truncation: every estimator bootstraps
 from `next_values[T-1]` there. Pass zeros as `next_values` for returns without
 bootstrap. `discount` and lambdas are scalars or arrays broadcastable to
-`[T, *batch]`.
+`[T, *batch]`, in [0, 1]: a known value outside (NaN included) raises
+`ValueError`; a traced one is clamped into [0, 1] (NaN stays NaN and shows in
+the result).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxbuf._validation import check_int
@@ -71,16 +74,22 @@ def check_method(method: str) -> str:
     return method
 
 
-def check_coefficient(name: str, value: Any) -> Any:
-    """Returns a discount or lambda, raising if it is a Python number outside [0, 1]."""
-    if isinstance(value, (int, float)) and not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}.")
-    return value
-
-
 def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
-    """A discount or lambda in `like`'s dtype: a 0-d array, or broadcast to its shape."""
-    value = jnp.asarray(check_coefficient(name, value), like.dtype)
+    """A discount or lambda as an array of `like`'s dtype, scalar or `[T, *batch]`.
+
+    Known values (numbers, NumPy arrays, concrete JAX arrays) must lie in [0, 1]
+    or raise `ValueError`; a traced value is clamped into [0, 1] (NaN stays NaN,
+    so it shows in the result instead of hiding).
+    """
+    if not isinstance(value, jax.core.Tracer):
+        known = np.asarray(value)
+        if known.dtype == np.bool_ or not np.issubdtype(known.dtype, np.number):
+            raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}.")
+        outside = known[~((known >= 0) & (known <= 1))]
+        if outside.size:
+            count = f" ({outside.size} entries outside)" if known.ndim else ""
+            raise ValueError(f"{name} must be in [0, 1], got {outside.flat[0]}{count}.")
+    value = jnp.clip(jnp.asarray(value, like.dtype), 0, 1)
     if value.ndim == 0:
         return value
     try:

@@ -50,7 +50,7 @@ class RolloutBufferState(struct.PyTreeNode):
       experience: the stored steps, a dict with leaves `[num_steps, num_envs, ...]`.
       size: int32 scalar, the number of stored time steps (at most `num_steps`).
       dropped: int32 scalar, the number of `add` calls made while full, whose
-        steps were not stored.
+        steps were not stored (saturating at 2**31 - 1).
       advantages: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
       returns: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
 
@@ -155,12 +155,6 @@ def _check_example(example: Any) -> PyTree:
     return spec
 
 
-def _coefficient(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a Python number in [0, 1], got {value!r}.")
-    return float(_returns.check_coefficient(name, value))
-
-
 def make_rollout_buffer(
     num_steps: int,
     num_envs: int,
@@ -212,8 +206,8 @@ def make_rollout_buffer(
         kind="rollout",
         num_steps=_validation.check_int("num_steps", num_steps),
         num_envs=_validation.check_int("num_envs", num_envs),
-        discount=_coefficient("discount", discount),
-        gae_lambda=_coefficient("gae_lambda", gae_lambda),
+        discount=_validation.check_fraction("discount", discount),
+        gae_lambda=_validation.check_fraction("gae_lambda", gae_lambda),
         normalize_advantages=_validation.check_bool("normalize_advantages", normalize_advantages),
         method=_returns.check_method(method),
     )
@@ -255,7 +249,7 @@ def add(config: Config, state: RolloutBufferState, step: PyTree) -> RolloutBuffe
     return state.replace(
         experience=jax.tree.map(put, state.experience, step),
         size=state.size + (~full).astype(jnp.int32),
-        dropped=state.dropped + full.astype(jnp.int32),
+        dropped=_validation.count_up(state.dropped, full.astype(jnp.int32)),
     )
 
 
@@ -282,11 +276,17 @@ def finish(config: Config, state: RolloutBufferState, last_value: jax.Array) -> 
 
 
 def _normalized(advantages: jax.Array, valid: jax.Array) -> jax.Array:
-    """Zero mean and unit standard deviation over the valid entries; 0 elsewhere."""
-    count = jnp.maximum(valid.sum(), 1).astype(advantages.dtype)
-    mean = jnp.where(valid, advantages, 0).sum() / count
-    var = jnp.where(valid, (advantages - mean) ** 2, 0).sum() / count
-    return jnp.where(valid, (advantages - mean) / (jnp.sqrt(var) + 1e-8), 0)
+    """Zero mean and unit standard deviation over the valid entries; 0 elsewhere.
+
+    Computed in at least float32 and cast back, so that float16 advantages
+    neither overflow the variance nor lose the epsilon (1e-8).
+    """
+    wide = advantages.astype(jnp.float32 if advantages.dtype.itemsize < 4 else advantages.dtype)
+    count = jnp.maximum(valid.sum(), 1).astype(wide.dtype)
+    mean = jnp.where(valid, wide, 0).sum() / count
+    var = jnp.where(valid, (wide - mean) ** 2, 0).sum() / count
+    normalized = jnp.where(valid, (wide - mean) / (jnp.sqrt(var) + 1e-8), 0)
+    return normalized.astype(advantages.dtype)
 
 
 def minibatches(

@@ -34,7 +34,8 @@ class PriorityState(struct.PyTreeNode):
       max_priority: float32 scalar, the largest priority set so far (1 at first);
         new items get it, as in Schaul et al. (2016).
       rejected: int32 scalar, how many `set_priorities` entries were ignored
-        (negative or non-finite priorities, indices that are not drawable now).
+        (negative or non-finite priorities, indices that are not drawable now);
+        it saturates at 2**31 - 1, never wraps.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -133,14 +134,6 @@ def uniform(replacement: bool = True) -> Sampler:
     return Sampler(config, lambda num_slots: None, draw, lambda s, changes: s, available)
 
 
-def check_exponent(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name} must be a Python number, got {value!r}.")
-    if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}.")
-    return float(value)
-
-
 def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Sampler:
     """Draws anchors in proportion to priority (Schaul et al., 2016).
 
@@ -156,8 +149,15 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
     wins. A negative, NaN or infinite priority, or an index that is not drawable
     now (out of range, not yet or no longer stored), is ignored and counted in
     `state.sampler.rejected`. A priority of 0 stops the anchor from being drawn
-    until it is overwritten. In float32 a draw never returns an anchor of zero
-    priority or one never written.
+    until it is overwritten; positive ones are clamped into `[1e-18, 1e18]`, so
+    the total never overflows and no positive priority becomes 0. In float32 a
+    draw never returns an anchor of zero priority or one never written.
+
+    Weights are `(min_j P(j) / P(i)) ** beta` over the anchors of positive
+    priority: always in `(0, 1]` (at least 1e-36), 0
+    only for invalid rows. `importance_exponent` (beta) must be in [0, 1] when
+    known at trace time (else `ValueError`); a traced beta is clamped into
+    [0, 1], NaN counting as 1 (full correction).
 
     Indices are storage positions, not item identities: if `add` overwrote a row
     between `sample` and `set_priorities`, the priority goes to the new item
@@ -182,7 +182,7 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
       >>> batch.experience.tolist(), batch.probabilities.tolist(), batch.weights.tolist()
       ([2, 2, 2, 3], [0.75, 0.75, 0.75, 0.25], [0.333..., 0.333..., 0.333..., 1.0])
     """
-    alpha = check_exponent("priority_exponent", priority_exponent)
+    alpha = _validation.check_fraction("priority_exponent", priority_exponent)
     stratified = _validation.check_bool("stratified", stratified)
 
     def init(num_slots: int) -> PriorityState:
@@ -242,15 +242,25 @@ def _check_update(indices: Any, priorities: Any) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(indices).astype(jnp.int32), jnp.asarray(priorities).astype(jnp.float32)
 
 
+# Positive priorities are clamped into this range: the tree total stays finite
+# for any number of slots (2**31 * 1e18 < 3.4e38), nothing positive is flushed
+# to zero, and importance weights stay at least (1e-18 / 1e18) ** 1 = 1e-36.
+PRIORITY_RANGE = (1e-18, 1e18)
+
+
 def _update(state: PriorityState, slots, priorities, allowed, alpha: float) -> PriorityState:
     """Sets the priorities of `slots` where `allowed`, the last occurrence winning;
-    negative, NaN and infinite priorities are ignored and counted in `rejected`."""
+    negative, NaN and infinite priorities are ignored and counted in `rejected`,
+    positive ones clamped into `PRIORITY_RANGE`."""
     ok = allowed & jnp.isfinite(priorities) & (priorities >= 0)
-    value = jnp.where(ok, priorities, 0.0)
+    # Positive by the bits: XLA on CPU reads subnormal floats (below 1.2e-38) as 0.
+    positive = jax.lax.bitcast_convert_type(priorities, jnp.int32) > 0
+    value = jnp.where(positive, jnp.clip(priorities, *PRIORITY_RANGE), 0.0)
+    value = jnp.where(ok, value, 0.0)
     return state.replace(
         tree=_sumtree.update(state.tree, slots, value**alpha, ok),
         max_priority=jnp.maximum(state.max_priority, jnp.max(value, initial=0.0)),
-        rejected=state.rejected + jnp.sum(~ok, dtype=jnp.int32),
+        rejected=_validation.count_up(state.rejected, jnp.sum(~ok, dtype=jnp.int32)),
     )
 
 
@@ -261,6 +271,7 @@ def _draw_in_proportion(
     `(N P(i))**-beta / max_j (N P(j))**-beta = (leaf_i / min_leaf)**-beta` over the
     slots `j` of positive priority."""
     beta = jnp.asarray(beta, jnp.float32)
+    beta = jnp.where(jnp.isnan(beta), 1.0, jnp.clip(beta, 0.0, 1.0))
     words = _sampling.random_words(key, count)
     uniform = (words >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # [0, 1)
     if stratified:  # one draw in each of `count` equal segments of the mass
@@ -270,14 +281,20 @@ def _draw_in_proportion(
     slots = jnp.minimum(slots, num_slots - 1)
     positive = (leaf > 0) & (total > 0)
     safe = jnp.where(positive, leaf, 1.0)
-    weights = jnp.where(positive, (safe / jnp.where(positive, smallest, 1.0)) ** -beta, 0.0)
+    # (smallest / leaf) ** beta, not (leaf / smallest) ** -beta: the ratio is at least
+    # 1e-36 (`PRIORITY_RANGE`), while its inverse can overflow to inf and give 0.
+    ratio = jnp.where(positive, smallest, 1.0) / safe
+    weights = jnp.where(positive, jnp.minimum(ratio**beta, 1.0), 0.0)
     probabilities = jnp.where(positive, safe / jnp.where(total > 0, total, 1.0), 0.0)
     return Drawn(slots, slots, positive, probabilities, weights)
 
 
 def _check_importance_exponent(value: Any) -> None:
+    """A known beta must be a number in [0, 1]; a traced one is clamped (NaN as 1)."""
     if hasattr(value, "shape") and np.shape(value) != ():
         raise ValueError(f"importance_exponent must be a scalar, got shape {np.shape(value)}.")
     dtype = getattr(value, "dtype", None)
     if isinstance(value, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.floating)):
         raise TypeError(f"importance_exponent must be a float, got {value!r}.")
+    if not isinstance(value, jax.core.Tracer):
+        _validation.check_fraction("importance_exponent", np.asarray(value).item())

@@ -204,6 +204,8 @@ def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> in
     """Checks steps (leaves `[num_envs, T, *step_shape]`) against the step spec; returns T."""
     axes = [("num_envs", num_envs), ("T", None)]
     _, length = _validation.check_batch(spec, steps, axes, what="steps")
+    if length < 1:
+        raise ValueError("steps holds no steps (T=0); add at least one step per call.")
     if length > capacity:
         raise ValueError(
             f"steps holds T={length} steps per environment, more than capacity={capacity}."

@@ -65,17 +65,13 @@ def _config(num_envs, capacity, sample_batch_size, n_step, discount, min_episode
     check = _validation.check_int
     capacity = check("capacity", capacity, minimum=2)
     n_step = check("n_step", n_step, maximum=capacity - 1)
-    if isinstance(discount, bool) or not isinstance(discount, (int, float, np.floating)):
-        raise TypeError(f"discount must be a float, got {discount!r}.")
-    if not 0.0 <= float(discount) <= 1.0:
-        raise ValueError(f"discount must be in [0, 1], got {discount}.")
     min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
     return {
         "num_envs": check("num_envs", num_envs),
         "capacity": capacity,
         "sample_batch_size": check("sample_batch_size", sample_batch_size),
         "n_step": n_step,
-        "discount": float(discount),
+        "discount": _validation.check_fraction("discount", discount),
         "min_episode_length": min_episode_length,
         "min_size": check(
             "min_size", n_step + 1 if min_size is None else min_size, minimum=n_step + 1,

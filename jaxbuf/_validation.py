@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf._types import PyTree
@@ -33,6 +34,27 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_INT
     if not minimum <= number <= maximum:
         raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {number}.")
     return number
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """Returns a number in [0, 1] (a Python or NumPy real, not a bool) as a float,
+    or raises naming the argument (NaN is out of range)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            f"{name} must be a number in [0, 1], got {value!r} of type {type(value).__name__}."
+        )
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+    return float(value)
+
+
+def count_up(counter: jax.Array, amount: Any) -> jax.Array:
+    """`counter + amount` for an int32 event counter, saturating at `MAX_INT32`
+    (it never wraps negative; `amount` is non-negative)."""
+    amount = jnp.asarray(amount, jnp.int32)
+    return jnp.where(counter > MAX_INT32 - amount, MAX_INT32, counter + amount)
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -222,7 +222,7 @@ def test_donated_add_and_set_priorities_alias_the_state():
     "kwargs, error, match",
     [
         ({"priority_exponent": 1.5}, ValueError, "priority_exponent must be in [0, 1], got 1.5"),
-        ({"priority_exponent": "0.6"}, TypeError, "priority_exponent must be a Python number"),
+        ({"priority_exponent": "0.6"}, TypeError, "priority_exponent must be a number in [0, 1]"),
         ({"stratified": 1}, TypeError, "stratified must be a bool"),
         ({"min_size": 0}, ValueError, "min_size must be in [1,"),
     ],

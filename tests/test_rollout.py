@@ -168,7 +168,7 @@ def test_a_whole_ppo_style_update_runs_in_one_jit_without_retracing():
         (dict(num_steps=0), ValueError, "num_steps must be in [1,"),
         (dict(num_envs=2.0), TypeError, "num_envs must be an integer"),
         (dict(discount=1.5), ValueError, "discount must be in [0, 1], got 1.5"),
-        (dict(gae_lambda="0.9"), TypeError, "gae_lambda must be a Python number in [0, 1]"),
+        (dict(gae_lambda="0.9"), TypeError, "gae_lambda must be a number in [0, 1], got '0.9'"),
         (dict(normalize_advantages=1), TypeError, "normalize_advantages must be a bool"),
         (dict(method="fast"), ValueError, "method must be one of ('scan', 'associative')"),
     ],

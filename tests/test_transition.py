@@ -220,7 +220,7 @@ def test_add_step_equals_add_of_one_step_and_does_not_retrace():
         ({"n_step": 8}, ValueError, "n_step must be in [1, 7]"),
         ({"n_step": 0}, ValueError, "n_step must be in [1, 7]"),
         ({"discount": 1.5}, ValueError, "discount must be in [0, 1], got 1.5"),
-        ({"discount": "0.9"}, TypeError, "discount must be a float"),
+        ({"discount": "0.9"}, TypeError, "discount must be a number in [0, 1]"),
         ({"min_episode_length": 9}, ValueError, "min_episode_length must be in [1, 8]"),
         ({"min_size": 2, "n_step": 3}, ValueError, "min_size must be in [4, 8]"),
     ],
