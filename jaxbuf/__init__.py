@@ -12,7 +12,7 @@ from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
 from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._episode import EpisodeRecords, make_episode_buffer
-from jaxbuf._export import export, stored_items, to_torch
+from jaxbuf._export import export, read_export, stored_items, to_torch
 from jaxbuf._mix import mix
 from jaxbuf._queue import Queue, QueueState, make_queue
 from jaxbuf._replay import from_data, make_replay_buffer
@@ -90,6 +90,7 @@ __all__ = [
     "per_shard",
     "prioritized",
     "read_dataset",
+    "read_export",
     "restore",
     "save",
     "shard",

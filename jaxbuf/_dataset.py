@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import urllib.parse
 from typing import Any
 
 import jax
@@ -34,9 +35,8 @@ FORMAT = "jaxbuf-dataset"
 
 
 def _flat_columns(tree: Any, what: str) -> dict[str, Any]:
-    """Leaves of a (nested) dict by '/'-joined key, the layout of a dataset."""
-    columns = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    """The leaves of a (nested) dict with string keys by `_export.column_name`."""
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if not all(
             isinstance(key, jax.tree_util.DictKey) and isinstance(key.key, str) for key in path
         ):
@@ -44,14 +44,23 @@ def _flat_columns(tree: Any, what: str) -> dict[str, Any]:
                 f"{what}{jax.tree_util.keystr(path)}: datasets store items that are "
                 "(nested) dicts with string keys."
             )
-        columns[_export.column_name(path)] = leaf
-    return columns
+    return _export.columns(tree, what)
 
 
-def _nest(columns: dict[str, Any]) -> dict[str, Any]:
+def _keys(name: str, beside_labels: bool) -> list[str]:
+    """The keys of a column name (see `_export.column_name`). Beside the label
+    columns, a first key escaped because it is named like one stays escaped."""
+    parts = name.split("/")
+    keys = [urllib.parse.unquote(part) for part in parts]
+    if beside_labels and keys[0] in _export.LABELS and parts[0] != keys[0]:
+        keys[0] = parts[0]
+    return keys
+
+
+def _nest(columns: dict[str, Any], beside_labels: bool = True) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for name, value in columns.items():
-        *parents, leaf = name.split("/")
+        *parents, leaf = _keys(name, beside_labels)
         node = tree
         for parent in parents:
             node = node.setdefault(parent, {})
@@ -76,10 +85,6 @@ def _read_index(folder: pathlib.Path) -> dict:
     if index.get("format") != FORMAT:
         raise ValueError(f"{file} is not a jaxbuf dataset index.")
     return index
-
-
-#: Columns a dataset adds beside the stored leaves, where they apply.
-RESERVED = ("env", "time", "final_obs", "priority_leaf")
 
 
 def _ring_axis(state: Any) -> int:
@@ -118,18 +123,13 @@ def _newest(state: Any, new: int, first_time: int = 0) -> dict[str, np.ndarray]:
     per_row = 1 if _ring_axis(state) == 0 else jax.tree.leaves(state.experience)[0].shape[0]
     taken = jax.tree.map(lambda x: np.asarray(x[: new * per_row]), taken)
     columns = _flat_columns(taken.pop(""), "state.experience")
-    clash = sorted(set(columns) & set(RESERVED))
-    if clash:
-        raise ValueError(
-            f"leaves {clash} of the items clash with the columns a dataset adds {RESERVED}; "
-            "rename them."
-        )
     if per_row > 1:
         time, env = np.divmod(np.arange(new * per_row), per_row)
         columns |= {"env": env.astype(np.int32), "time": (first_time + time).astype(np.int64)}
     if "final_obs" in taken:
-        final = _flat_columns({"final_obs": taken.pop("final_obs")}, "final_obs")
-        columns |= final
+        final = _flat_columns(taken.pop("final_obs"), "final_obs")
+        columns |= {"/".join(("final_obs", name)) if name else "final_obs": v
+                    for name, v in final.items()}  # fmt: skip
     return columns | taken
 
 
@@ -149,7 +149,11 @@ class DatasetWriter:
     Under a prioritized sampler (but for episode buffers, whose priorities are
     per episode) rows add `priority_leaf`: the item's (or window start's) sum-tree
     leaf `priority ** priority_exponent` when appended, 0 where it could not be
-    drawn yet. Item leaves named like these columns are an error.
+    drawn yet. Column names escape the item keys (see `jaxbuf.stored_items`):
+    `%` and `/` in a key become `%25` and `%2F`, and a leaf named like one of
+    these columns (`time`, say) becomes `%74ime`; `read_dataset` gives the keys
+    back, but for those, which it leaves escaped beside the columns they are
+    named like (`dataset_to_state` restores them).
 
     Args:
       path: the dataset folder; an existing dataset there is replaced.
@@ -287,6 +291,11 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
       >>> jaxbuf.read_dataset(writer.path, 1, 4)["x"].tolist()
       [1.0, 2.0, 3.0]
     """
+    return _nest(_read_columns(path, start, stop))
+
+
+def _read_columns(path: str | os.PathLike, start: int, stop: int | None) -> dict[str, Any]:
+    """Columns `[start, stop)` of a dataset by name."""
     folder = pathlib.Path(path)
     index = _read_index(folder)
     length = index["length"]
@@ -296,7 +305,7 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
             f"the range [{start}, {stop}) is not within the {length} items of {folder}."
         )
     reads = {name: _open(folder, name)[start:stop].read() for name in index["leaves"]}
-    return _nest({name: read.result() for name, read in reads.items()})
+    return {name: read.result() for name, read in reads.items()}
 
 
 def dataset_to_state(
@@ -311,7 +320,8 @@ def dataset_to_state(
 
     Args:
       path: the dataset folder.
-      buffer: a replay buffer whose items have the dataset's structure.
+      buffer: a replay buffer whose items have the dataset's structure (the
+        dataset's label columns, such as `priority_leaf`, are left out).
       start: the first item.
       stop: one past the last item (the end by default).
       truncate_ok: keep the newest `capacity` items when more are asked for.
@@ -330,7 +340,14 @@ def dataset_to_state(
       >>> offline.experience["x"].tolist(), int(offline.size)
       ([2.0, 3.0, 4.0, 0.0], 3)
     """
-    data = jax.tree.map(jnp.asarray, read_dataset(path, start, stop))
+    if getattr(getattr(buffer, "config", None), "kind", None) != "replay":
+        raise TypeError(
+            f"dataset_to_state fills a replay buffer, got {type(buffer).__name__} of kind "
+            f"{getattr(getattr(buffer, 'config', None), 'kind', None)!r}."
+        )
+    columns = _read_columns(path, start, stop)
+    items = {name: v for name, v in columns.items() if name.split("/")[0] not in _export.LABELS}
+    data = jax.tree.map(jnp.asarray, _nest(items, beside_labels=False))
     spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
     state = buffer.init(spec)
     (count,) = _validation.check_batch(spec, data, [("N", None)], what="the dataset")

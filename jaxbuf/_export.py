@@ -3,32 +3,54 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf._types import PyTree
 
+# Columns that exports and datasets add beside the user's leaves.
+LABELS = ("buffer", "row", "env", "time", "advantage", "return", "final_obs", "priority_leaf")
+
+
+def _key_text(key: Any) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
 
 def column_name(path: tuple) -> str:
-    """A leaf path as a column name: its keys joined by '/' (`obs`, `extras/mask`)."""
-    parts = []
-    for key in path:
-        for attribute in ("key", "name", "idx"):
-            if hasattr(key, attribute):
-                parts.append(str(getattr(key, attribute)))
-                break
+    """A leaf path as a column name, collision-free by construction.
+
+    Each key is escaped (`%` as `%25`, `/` as `%2F`) and the keys are joined by
+    `/` (`obs`, `extras/mask`, `a%2Fb` for the key `'a/b'`). A first key equal to
+    one of the `LABELS` columns has its first letter escaped too (`time` becomes
+    `%74ime`). `urllib.parse.unquote` of each part gives the key back.
+    """
+    parts = [_key_text(key).replace("%", "%25").replace("/", "%2F") for key in path]
+    if parts and parts[0] in LABELS:
+        parts[0] = f"%{ord(parts[0][0]):02X}{parts[0][1:]}"
     return "/".join(parts)
 
 
-def _columns(tree: PyTree) -> dict[str, np.ndarray]:
-    return {
-        column_name(path): np.asarray(leaf)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-    }
+def columns(tree: PyTree, what: str = "state.experience") -> dict[str, Any]:
+    """The leaves of `tree` by `column_name`; raises if two leaves would share one."""
+    named: dict[str, Any] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = column_name(path)
+        if name in named:
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)} and another leaf both become the column "
+                f"{name!r}; give them distinct keys."
+            )
+        named[name] = leaf
+    return named
 
 
 def stored_items(state: Any) -> dict[str, np.ndarray]:
@@ -44,7 +66,10 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
       (0 for the oldest stored step) columns. A transition state's final
       observations stay in `state.side.experience`.
 
-    Column names are the leaf paths joined by `/` (`obs`, `extras/mask`).
+    Column names are the leaf paths joined by `/` (`obs`, `extras/mask`), each
+    key escaped so that no two leaves, and no leaf and label column, share a
+    name (see `column_name`: `%` and `/` in keys become `%25` and `%2F`, and a
+    leaf named like a label column, e.g. `time`, becomes `%74ime`).
 
     Args:
       state: the state of any jaxbuf buffer.
@@ -63,13 +88,13 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
     if not hasattr(host, "stored_rows"):
         raise TypeError(f"stored_items takes a jaxbuf buffer state, got {type(state).__name__}.")
     labels, index, tree = host.stored_rows()
-    return {**labels, **{k: v[index] for k, v in _columns(tree).items()}}
+    return {**labels, **{k: np.asarray(v)[index] for k, v in columns(tree).items()}}
 
 
-def _write_csv(path: pathlib.Path, columns: dict[str, np.ndarray]) -> None:
+def _write_csv(path: pathlib.Path, table: dict[str, np.ndarray]) -> None:
     header, parts = [], []
-    for name, column in columns.items():
-        flat = column.reshape(len(column), -1)
+    for name, column in table.items():
+        flat = column.reshape(len(column), int(np.prod(column.shape[1:])))
         if column.ndim == 1:
             header.append(name)
         else:
@@ -88,7 +113,10 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
     The format follows the file's suffix: `.npz` holds one array per column;
     `.csv` one row per item, multi-dimensional leaves spread over columns
     `name[i,j]`, booleans as 0/1; `.pt` a dict of tensors for `torch.load`
-    (needs torch).
+    (needs torch). Every dtype round-trips: bfloat16 and the other ml_dtypes,
+    which NumPy lacks, are stored as their bits in `.npz` (read them back with
+    `read_export`) and as native tensors in `.pt`. An empty state writes empty
+    columns (a header only, in `.csv`).
 
     Args:
       path: the file to write.
@@ -106,17 +134,59 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
       [0.0, 1.0, 2.0]
     """
     path = pathlib.Path(path)
-    columns = stored_items(state)
-    if path.suffix == ".npz":
-        np.savez(path, allow_pickle=False, **columns)
-    elif path.suffix == ".csv":
-        _write_csv(path, columns)
-    elif path.suffix == ".pt":
-        torch = _import_torch()
-        torch.save({k: torch.from_numpy(np.array(v)) for k, v in columns.items()}, path)
-    else:
+    if path.suffix not in (".npz", ".csv", ".pt"):
         raise ValueError(f"export writes .npz, .csv or .pt files, got {path.name!r}.")
+    table = stored_items(state)
+    if path.suffix == ".csv":
+        _write_csv(path, table)
+        return path
+    # NumPy and Torch know no ml_dtypes (bfloat16, float8, int4): write their bits.
+    special = {k: v.dtype.name for k, v in table.items() if v.dtype.kind == "V"}
+    bits = {k: v.view(f"u{v.dtype.itemsize}") if k in special else v for k, v in table.items()}
+    if path.suffix == ".npz":
+        extra = {DTYPES: np.array(json.dumps(special))} if special else {}
+        np.savez(path, allow_pickle=False, **bits, **extra)
+    else:
+        torch = _import_torch()
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in bits.items()}
+        for name, dtype in special.items():
+            tensors[name] = tensors[name].view(getattr(torch, dtype))
+        torch.save(tensors, path)
     return path
+
+
+# The .npz entry naming the ml_dtypes columns; `column_name` never makes it ('%'
+# followed by two hex digits only).
+DTYPES = "%dtypes"
+
+
+def read_export(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Reads an `.npz` file written by `export` back, with every dtype restored.
+
+    NumPy has no bfloat16 (nor the other ml_dtypes), so `export` stores such
+    columns as their bits and notes their dtypes; `np.load` alone gives those
+    columns as unsigned integers.
+
+    Args:
+      path: an `.npz` file written by `export`.
+
+    Returns:
+      The columns, as `stored_items` gave them.
+
+    Example:
+      >>> import tempfile, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> state = buffer.add(buffer.init({"x": jnp.bfloat16(0)}), {"x": jnp.ones(2, jnp.bfloat16)})
+      >>> columns = jaxbuf.read_export(jaxbuf.export(tempfile.mkdtemp() + "/items.npz", state))
+      >>> columns["x"].dtype, columns["x"].tolist()
+      (dtype(bfloat16), [1.0, 1.0])
+    """
+    with np.load(path, allow_pickle=False) as data:
+        table = {name: data[name] for name in data.files}
+    special = json.loads(str(table.pop(DTYPES))) if DTYPES in table else {}
+    for name, dtype in special.items():
+        table[name] = table[name].view(jnp.dtype(dtype))
+    return table
 
 
 def _import_torch():

@@ -71,12 +71,13 @@ class RolloutBufferState(struct.PyTreeNode):
     returns: jax.Array
 
     def stored_rows(self) -> tuple[dict, tuple[np.ndarray, np.ndarray], PyTree]:
-        """On the host: `(labels, index, tree)`, the stored steps time-major, with
-        their `advantage` and `return`."""
+        """On the host: `(labels, index, tree)`, the stored steps time-major,
+        labelled with `time`, `env`, and their `advantage` and `return`."""
         num_envs = self.advantages.shape[1]
         time, env = np.divmod(np.arange(int(self.size) * num_envs, dtype=np.int32), num_envs)
-        tree = {**self.experience, "advantage": self.advantages, "return": self.returns}
-        return {"time": time, "env": env}, (time, env), tree
+        advantage, returns = np.asarray(self.advantages), np.asarray(self.returns)
+        labels = {"time": time, "env": env, "advantage": advantage[time, env]}
+        return labels | {"return": returns[time, env]}, (time, env), self.experience
 
 
 class RolloutBatch(struct.PyTreeNode):

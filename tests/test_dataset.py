@@ -199,8 +199,13 @@ def test_per_environment_kinds_write_env_time_final_observations_and_priority_le
     assert data["priority_leaf"][:6].tolist() == [1.0] * 6  # steps 0..2 had successors
 
 
-def test_item_leaves_named_like_dataset_columns_are_refused(tmp_path):
+def test_item_leaves_named_like_dataset_columns_are_escaped_not_lost(tmp_path):
     buffer = jaxbuf.make_trajectory_buffer(2, 4, 2, 1)
-    state = buffer.init({"env": jnp.int32(0)})
-    with pytest.raises(ValueError, match=re.escape("leaves ['env'] of the items clash")):
-        jaxbuf.DatasetWriter(tmp_path / "data", state)
+    state = buffer.init({"env": jnp.int32(0), "a/b": jnp.int32(0)})
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state)
+    steps = {"env": jnp.full((2, 3), 7, jnp.int32), "a/b": jnp.full((2, 3), 5, jnp.int32)}
+    writer.append(buffer.add(state, steps))
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")
+    assert data["env"].tolist() == [0, 1] * 3  # the label column
+    assert data["%65nv"].tolist() == [7] * 6 and data["a/b"].tolist() == [5] * 6

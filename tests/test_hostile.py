@@ -153,3 +153,62 @@ def test_coefficients_are_checked_alike_for_python_and_numpy_numbers():
     jaxbuf.make_transition_buffer(2, 8, 2, discount=np.float64(0.5))
     with pytest.raises(ValueError, match=r"discount must be in \[0, 1\], got nan"):
         jaxbuf.make_transition_buffer(2, 8, 2, discount=float("nan"))
+
+
+def test_export_and_dataset_columns_never_collide_and_every_dtype_round_trips(tmp_path):
+    buffer = jaxbuf.make_replay_buffer(8, 2)
+    example = {"time": jnp.float32(0), "a": {"b": jnp.int32(0)}, "a/b": jnp.int32(0),
+               "bf": jnp.bfloat16(0), "p%2F": jnp.float32(0)}  # fmt: skip
+    state = buffer.init(example)
+    assert (tmp_path / "empty.csv").exists() is False
+    header = jaxbuf.export(tmp_path / "empty.csv", state).read_text().strip().split(",")
+    assert header == ["a/b", "a%2Fb", "bf", "p%252F", "%74ime"]
+    items = {"time": jnp.arange(3.0), "a": {"b": jnp.arange(3, dtype=jnp.int32)},
+             "a/b": -jnp.arange(3, dtype=jnp.int32), "bf": jnp.full(3, 1.5, jnp.bfloat16),
+             "p%2F": jnp.ones(3)}  # fmt: skip
+    state = buffer.add(state, items)
+    columns = jaxbuf.read_export(jaxbuf.export(tmp_path / "items.npz", state))
+    assert columns["bf"].dtype == jnp.bfloat16 and columns["bf"].tolist() == [1.5] * 3
+    assert columns["a/b"].tolist() == [0, 1, 2] and columns["a%2Fb"].tolist() == [0, -1, -2]
+    assert columns["%74ime"].tolist() == [0, 1, 2] and columns["p%252F"].tolist() == [1] * 3
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer.append(state)
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")
+    assert data["a"]["b"].tolist() == [0, 1, 2] and data["a/b"].tolist() == [0, -1, -2]
+    assert data["p%2F"].tolist() == [1] * 3 and data["bf"].dtype == jnp.bfloat16
+    restored = jaxbuf.dataset_to_state(tmp_path / "data", buffer)
+    assert jax.tree.structure(restored.experience) == jax.tree.structure(state.experience)
+    np.testing.assert_array_equal(restored.experience["time"], state.experience["time"])
+
+
+def test_rollout_columns_keep_a_leaf_named_like_a_computed_column():
+    buffer = jaxbuf.make_rollout_buffer(2, 1, discount=0.9, gae_lambda=0.9)
+    step = {k: jnp.ones(1) for k in ("reward", "value", "final_value", "advantage")}
+    step |= {"terminated": jnp.zeros(1, bool), "truncated": jnp.zeros(1, bool)}
+    state = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], step)), step)
+    state = buffer.finish(state, jnp.zeros(1))
+    columns = jaxbuf.stored_items(state)
+    assert columns["%61dvantage"].tolist() == [1.0]
+    assert columns["advantage"].tolist() == np.asarray(state.advantages[:1, 0]).tolist()
+
+
+class _Twice:
+    """A pytree node whose two children carry keys that print alike."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Twice,
+    lambda t: (((jax.tree_util.DictKey(1), t.a), (jax.tree_util.DictKey("1"), t.b)), None),
+    lambda _, children: _Twice(*children),
+)
+
+
+def test_two_leaves_that_would_share_a_column_raise():
+    with pytest.raises(ValueError, match="both become the column '1'"):
+        jaxbuf.stored_items(jaxbuf._storage.RingState(
+            experience=_Twice(jnp.zeros(2), jnp.zeros(2)), position=jnp.int32(0),
+            size=jnp.int32(2), added=jnp.uint32(2)))  # fmt: skip
