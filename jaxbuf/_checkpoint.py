@@ -1,32 +1,44 @@
-"""Checkpoints of buffer states: a folder with flax msgpack data and JSON metadata.
+"""Checkpoints of buffer states: a folder with the raw leaves and JSON metadata.
 
 Layout of a checkpoint folder:
 
 - `metadata.json`: what was saved (buffer kind and configuration, jaxbuf
-  version, state type, every leaf's shape and dtype, size) and the name and
-  SHA-256 of the data file. Replacing it (atomically) is the commit point.
-- `state-<digest>.msgpack`: the state, `flax.serialization.to_bytes`.
+  version, state type, every leaf's shape, dtype and place in the data file,
+  size) and the name and SHA-256 of the data file. Replacing it (atomically) is
+  the commit point.
+- `state-<token>.bin`: every leaf's bytes (C order, little-endian), one after
+  the other (format 2). Format 1 folders (`state-<digest>.msgpack`, flax
+  msgpack) still restore.
 
-A save writes and fsyncs a new data file under a new name, then atomically
-replaces `metadata.json`, then removes the old data file. Every file is written
-to a hidden temporary name and renamed into place, so a file under its final
-name is always complete. An exception or a
-crash at any moment leaves either the previous checkpoint or the new one
-complete and readable. Loading parses only JSON and msgpack: no code from the
-file is ever executed (no pickle).
+A save streams the leaves to a new data file in chunks of at most
+`CHUNK_BYTES` (so it needs little host memory beyond the state: a 7 GB
+buffer saves and restores on a machine that could not hold it twice), hashing
+as it writes, fsyncs it, then, holding the folder's lock, renames it into
+place, replaces `metadata.json` and removes the data files no longer
+referenced. Every file is first written under a hidden temporary name unique
+to the save, so any number of concurrent saves into one folder (threads or
+processes) each complete or fail cleanly, the last to commit wins, and an
+exception or a crash at any moment leaves a complete, readable checkpoint.
+Loading parses only JSON (and, for format 1, msgpack): no code from the file
+is ever executed (no pickle).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import pathlib
-from collections.abc import Mapping
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
@@ -34,8 +46,9 @@ from jaxbuf._types import Config
 from jaxbuf._version import __version__
 
 FORMAT = "jaxbuf-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 METADATA = "metadata.json"
+CHUNK_BYTES = 32 * 2**20  # host memory a save or restore holds beyond the state
 
 
 def _leaves(state: Any) -> dict[str, dict]:
@@ -46,7 +59,7 @@ def _leaves(state: Any) -> dict[str, dict]:
 
 
 def _plain(value: Any) -> Any:
-    """A configuration value as JSON data; a callable (a `done_fn`) by its name."""
+    """A configuration as JSON data (functions by name)."""
     if isinstance(value, Mapping):
         return {str(key): _plain(item) for key, item in value.items()}
     if callable(value):
@@ -55,24 +68,32 @@ def _plain(value: Any) -> Any:
 
 
 def _describe(buffer: Any) -> tuple[str | None, dict | None]:
-    """The kind and configuration of a buffer made by a jaxbuf factory, if given."""
+    """The kind and JSON configuration of a buffer (None, None without one)."""
     if buffer is None:
         return None, None
     config = getattr(buffer, "config", None)
     if not isinstance(config, Config):
         raise TypeError(f"buffer must be a jaxbuf buffer, got {type(buffer).__name__}.")
-    return config.kind, _plain(config)
+    return config.kind, json.loads(json.dumps(_plain(config)))
+
+
+def _pending_name(name: str) -> str:
+    """A hidden temporary name unique to this process, thread and call."""
+    return f".{name}.{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}.tmp"
 
 
 def write_atomic(path: pathlib.Path, data: bytes) -> None:
-    """Writes `data` durably to `path`, atomically: a file under its final name is
-    always complete (a crash leaves at most a hidden `.tmp` file behind)."""
-    pending = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(pending, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(pending, path)
+    """Writes `data` to `path` through a unique temporary file, fsynced, then renamed
+    into place: readers see the old file or the new one, never a part."""
+    pending = path.with_name(_pending_name(path.name))
+    try:
+        with open(pending, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(pending, path)
+    finally:
+        pending.unlink(missing_ok=True)
 
 
 def _fsync_folder(folder: pathlib.Path) -> None:
@@ -84,15 +105,78 @@ def _fsync_folder(folder: pathlib.Path) -> None:
             os.close(descriptor)
 
 
+@contextlib.contextmanager
+def _locked(folder: pathlib.Path) -> Iterator[None]:
+    """Holds the folder's lock (`.lock`, POSIX `flock`) for a commit and its cleanup."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): commits rely on the atomic rename alone
+        yield
+        return
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _chunks(leaf: Any) -> Iterator[np.ndarray]:
+    """The bytes of a leaf in C order, as host arrays of at most `CHUNK_BYTES`
+    (whole rows; one row if a row is larger)."""
+    if not isinstance(leaf, jax.Array) or leaf.ndim == 0:
+        yield np.ascontiguousarray(np.asarray(leaf))
+        return
+    rows = max(1, CHUNK_BYTES // max(1, leaf.nbytes // max(1, leaf.shape[0])))
+    for start in range(0, leaf.shape[0], rows):
+        yield np.ascontiguousarray(jax.device_get(leaf[start : start + rows]))
+
+
+def _write_data(file: Any, leaves: list, hasher: Any) -> dict[str, dict]:
+    """Streams the leaves into `file`, hashing while writing (two threads: both
+    release the GIL); returns each leaf's shape, dtype, offset and size."""
+    placed, offset = {}, 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        for path, leaf in leaves:
+            for chunk in _chunks(leaf):
+                data = chunk.reshape(-1).view(np.uint8).data
+                hashing = pool.submit(hasher.update, data)
+                file.write(data)
+                hashing.result()
+            nbytes = int(np.dtype(leaf.dtype).itemsize * np.prod(np.shape(leaf), dtype=np.int64))
+            placed[jax.tree_util.keystr(path)] = {
+                "shape": list(np.shape(leaf)), "dtype": str(leaf.dtype), "offset": offset,
+                "nbytes": nbytes,
+            }  # fmt: skip
+            offset += nbytes
+    return placed
+
+
+def _check_addressable(state: Any) -> None:
+    for key, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            raise ValueError(
+                f"state{jax.tree_util.keystr(key)} is spread over several processes; "
+                "jaxbuf.save writes one host's copy. Save sharded states with Orbax "
+                "(each process writes its shards; see the README)."
+            )
+
+
 def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Path:
     """Saves a buffer state (or any pytree holding one) to the folder `path`, atomically.
+
+    The leaves are streamed to disk in chunks of at most `CHUNK_BYTES`: the host
+    memory a save needs beyond the state is about two chunks, whatever its size.
+    Concurrent saves into one folder each complete or fail cleanly; the last to
+    commit is the checkpoint.
 
     Args:
       path: the checkpoint folder; created if needed. A previous checkpoint there
         stays readable until the new one is complete, then is replaced.
       state: the state to save.
       buffer: the buffer the state belongs to (optional); its kind and
-        configuration go into the metadata.
+        configuration go into the metadata, and `restore(..., buffer=...)`
+        checks them.
 
     Returns:
       The folder.
@@ -102,43 +186,62 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
       >>> folder = jaxbuf.save(tempfile.mkdtemp() + "/ckpt", state, buffer)
-      >>> restored = jaxbuf.restore(folder, buffer.init({"x": jnp.float32(0)}))
+      >>> restored = jaxbuf.restore(folder, buffer.init({"x": jnp.float32(0)}), buffer)
       >>> restored.experience["x"].tolist(), int(restored.size)
       ([0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0], 3)
     """
-    for key, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-            raise ValueError(
-                f"state{jax.tree_util.keystr(key)} is spread over several processes; "
-                "jaxbuf.save writes one host's copy. Save sharded states with Orbax "
-                "(each process writes its shards; see the README)."
-            )
+    _check_addressable(state)
+    kind, config = _describe(buffer)
     folder = pathlib.Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    host = jax.device_get(state)
-    data = serialization.to_bytes(host)
-    digest = hashlib.sha256(data).hexdigest()
-    kind, config = _describe(buffer)
-    size = getattr(host, "size", None)
-    metadata = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "jaxbuf_version": __version__,
-        "kind": kind,
-        "config": config,
-        "state_type": type(host).__name__,
-        "size": None if size is None else np.asarray(size).tolist(),
-        "leaves": _leaves(host),
-        "data_file": f"state-{digest[:16]}.msgpack",
-        "sha256": digest,
-    }
-    write_atomic(folder / metadata["data_file"], data)
-    write_atomic(folder / METADATA, json.dumps(metadata, indent=2).encode())  # the commit point
-    _fsync_folder(folder)
-    for stale in [*folder.glob("state-*.msgpack"), *folder.glob(".*.tmp")]:
-        if stale.name != metadata["data_file"]:  # the previous data, crash leftovers
-            stale.unlink(missing_ok=True)
+    data_file = f"state-{uuid.uuid4().hex}.bin"
+    pending = folder / _pending_name(data_file)
+    try:
+        hasher = hashlib.sha256()
+        with open(pending, "wb") as file:
+            leaves = _write_data(file, jax.tree_util.tree_flatten_with_path(state)[0], hasher)
+            file.flush()
+            os.fsync(file.fileno())
+        size = getattr(state, "size", None)
+        metadata = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "jaxbuf_version": __version__,
+            "kind": kind, "config": config, "state_type": type(state).__name__,
+            "size": None if size is None else np.asarray(size).tolist(),
+            "leaves": leaves, "data_file": data_file, "sha256": hasher.hexdigest(),
+        }  # fmt: skip
+        _commit(folder, pending, metadata)
+    finally:
+        pending.unlink(missing_ok=True)
     return folder
+
+
+def _commit(folder: pathlib.Path, pending: pathlib.Path, metadata: dict) -> None:
+    """Under the folder's lock: the data file into place, then the metadata (the
+    commit point), then the data files and dead temporaries nothing refers to."""
+    with _locked(folder):
+        os.replace(pending, folder / metadata["data_file"])
+        write_atomic(folder / METADATA, json.dumps(metadata, indent=2).encode())
+        _fsync_folder(folder)
+        for stale in [*folder.glob("state-*"), *folder.glob(".*.tmp")]:
+            if stale.name != metadata["data_file"] and not _in_progress(stale):
+                stale.unlink(missing_ok=True)
+
+
+def _in_progress(file: pathlib.Path) -> bool:
+    """Whether a temporary file may still be written: its process is alive."""
+    if not file.name.endswith(".tmp"):
+        return False
+    try:
+        pid = int(file.name.rsplit(".", 2)[-2].split("-")[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+_REQUIRED = {"state_type": str, "leaves": dict, "data_file": str, "sha256": str}
 
 
 def _read_metadata(folder: pathlib.Path) -> dict:
@@ -151,11 +254,14 @@ def _read_metadata(folder: pathlib.Path) -> dict:
         raise ValueError(f"{file} is corrupted: it is not valid JSON ({error}).") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ValueError(f"{file} is not a jaxbuf checkpoint's metadata.")
-    if metadata.get("format_version") != FORMAT_VERSION:
+    if metadata.get("format_version") not in (1, FORMAT_VERSION):
         raise ValueError(
             f"{file} has format version {metadata.get('format_version')}; this jaxbuf "
-            f"reads version {FORMAT_VERSION}."
+            f"reads versions 1 and {FORMAT_VERSION}."
         )
+    for key, kind in _REQUIRED.items():
+        if not isinstance(metadata.get(key), kind):
+            raise ValueError(f"{file} is corrupted: {key!r} is missing or not a {kind.__name__}.")
     return metadata
 
 
@@ -170,7 +276,7 @@ def load_metadata(path: str | os.PathLike) -> dict:
       >>> metadata["kind"], metadata["config"]["capacity"], metadata["size"]
       ('replay', 8, 3)
       >>> metadata["leaves"][".experience['x']"]
-      {'shape': [8], 'dtype': 'float32'}
+      {'shape': [8], 'dtype': 'float32', 'offset': 0, 'nbytes': 32}
     """
     return _read_metadata(pathlib.Path(path))
 
@@ -189,52 +295,160 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
             f"{missing or 'nothing'} and has extra leaves {extra or 'none'}."
         )
     for key, want in wanted.items():
-        if saved[key] != want:
+        got = saved[key] if isinstance(saved[key], dict) else {}
+        if {"shape": got.get("shape"), "dtype": got.get("dtype")} != want:
             raise ValueError(
-                f"{folder}: leaf {key} was saved with shape {tuple(saved[key]['shape'])} and "
-                f"dtype {saved[key]['dtype']}, but the template has shape "
-                f"{tuple(want['shape'])} and dtype {want['dtype']} (another configuration?)."
+                f"{folder}: leaf {key} was saved with shape {tuple(got.get('shape') or ())} "
+                f"and dtype "
+                f"{got.get('dtype')}, but the template has shape {tuple(want['shape'])} and "
+                f"dtype {want['dtype']} (another configuration?)."
             )
 
 
-def restore(path: str | os.PathLike, template: Any) -> Any:
+def _check_config(metadata: dict, buffer: Any, folder: pathlib.Path) -> None:
+    """Raises naming every field where the saved configuration and the buffer's differ."""
+    kind, config = _describe(buffer)
+    saved = {"kind": metadata.get("kind"), **(metadata.get("config") or {})}
+    wanted = {"kind": kind, **(config or {})}
+    if metadata.get("config") is None:
+        raise ValueError(
+            f"{folder} was saved without its buffer, so its configuration cannot be "
+            "checked; restore it without `buffer=` (shapes and dtypes are still checked)."
+        )
+    differing = [
+        f"{name}: saved {saved.get(name, '(absent)')!r}, buffer {wanted.get(name, '(absent)')!r}"
+        for name in sorted(saved.keys() | wanted.keys())
+        if saved.get(name, "(absent)") != wanted.get(name, "(absent)")
+    ]
+    if differing:
+        raise ValueError(
+            f"{folder} holds a state of another configuration than the buffer's: "
+            + "; ".join(differing) + "."
+        )  # fmt: skip
+
+
+def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
     """Restores a state saved by `save` into the structure of `template`.
+
+    What is checked: always, that the saved state has the template's type,
+    structure, and every leaf's shape and dtype, and that the data is complete
+    and matches its SHA-256. With `buffer`, also that the saved buffer kind and
+    configuration equal the buffer's, field by field (a trajectory buffer's
+    `sequence_length` or `period`, say, which no shape shows). Without `buffer`,
+    a state of another configuration with the same shapes restores silently:
+    pass the buffer whenever you have it.
+
+    The leaves are read in chunks of at most `CHUNK_BYTES` into arrays
+    allocated once, so a restore needs little host memory beyond the state.
 
     Args:
       path: the checkpoint folder.
       template: a state of the same configuration, whose structure, shapes and
         dtypes must match the saved ones: `buffer.init(example)`, or, allocating
         nothing, `jax.eval_shape(buffer.init, example)`.
+      buffer: the buffer the state is for (optional); see above.
 
     Returns:
       The restored state, with JAX arrays.
 
     Raises:
-      ValueError: the checkpoint does not match the template (the message names the
-        leaf), or its files are truncated or corrupted.
+      ValueError: the checkpoint does not match the template or the buffer (the
+        message names every differing leaf or field), or its files are truncated
+        or corrupted.
 
     Example:
       >>> import tempfile, jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> example = {"x": jnp.float32(0)}
       >>> state = buffer.add(buffer.init(example), {"x": jnp.arange(3.0)})
-      >>> folder = jaxbuf.save(tempfile.mkdtemp() + "/ckpt", state)
-      >>> restored = jaxbuf.restore(folder, jax.eval_shape(buffer.init, example))
+      >>> folder = jaxbuf.save(tempfile.mkdtemp() + "/ckpt", state, buffer)
+      >>> restored = jaxbuf.restore(folder, jax.eval_shape(buffer.init, example), buffer)
       >>> restored.experience["x"][:4].tolist(), int(restored.size)
       ([0.0, 1.0, 2.0, 0.0], 3)
     """
     folder = pathlib.Path(path)
-    metadata = _read_metadata(folder)
+    metadata, data_file = _current(folder)
     _check_template(metadata, template, folder)
-    data_file = folder / metadata["data_file"]
-    try:
-        data = data_file.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{folder} is incomplete: {data_file.name} is missing.") from None
+    if buffer is not None:
+        _check_config(metadata, buffer, folder)
+    with open(data_file, "rb") as file:
+        if metadata["format_version"] == 1:
+            return _restore_msgpack(file.read(), metadata, template, data_file)
+        return _read_leaves(file, metadata, template, data_file)
+
+
+def _current(folder: pathlib.Path) -> tuple[dict, pathlib.Path]:
+    """The committed metadata and its data file. A concurrent save may replace
+    both between the two reads; then the newer pair is taken."""
+    metadata = _read_metadata(folder)
+    for _ in range(3):
+        data_file = folder / metadata["data_file"]
+        if data_file.exists():
+            return metadata, data_file
+        newer = _read_metadata(folder)
+        if newer["data_file"] == metadata["data_file"]:
+            break
+        metadata = newer
+    raise ValueError(f"{folder} is incomplete: {metadata['data_file']} is missing.")
+
+
+def _restore_msgpack(data: bytes, metadata: dict, template: Any, data_file: pathlib.Path):
+    """Format 1: the whole state as flax msgpack."""
     if hashlib.sha256(data).hexdigest() != metadata["sha256"]:
         raise ValueError(
             f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
         )
     saved: Any = serialization.msgpack_restore(data)
     restored = serialization.from_state_dict(template, saved)
-    return jax.tree.map(jax.numpy.asarray, restored)
+    return jax.tree.map(jnp.asarray, restored)
+
+
+def _read_leaves(file: Any, metadata: dict, template: Any, data_file: pathlib.Path) -> Any:
+    """Format 2: each leaf read in chunks into an array allocated once."""
+    hasher = hashlib.sha256()
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    restored, offset = [], 0
+    for path, _ in leaves:
+        entry = metadata["leaves"][jax.tree_util.keystr(path)]
+        dtype = jnp.dtype(entry["dtype"])
+        nbytes = dtype.itemsize * int(np.prod(entry["shape"], dtype=np.int64))
+        if entry.get("offset") != offset or entry.get("nbytes") != nbytes:
+            where = jax.tree_util.keystr(path)
+            raise ValueError(f"{data_file.parent / METADATA} is corrupted: the place of leaf "
+                             f"{where} in the data file is wrong.")  # fmt: skip
+        restored.append(_read_leaf(file, tuple(entry["shape"]), dtype, hasher, data_file))
+        offset += nbytes
+    if file.read(1) or hasher.hexdigest() != metadata["sha256"]:
+        raise ValueError(
+            f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
+        )
+    return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+def _read_exactly(file: Any, nbytes: int, hasher: Any, data_file: pathlib.Path) -> bytearray:
+    data = bytearray(nbytes)
+    if file.readinto(data) != nbytes:
+        raise ValueError(f"{data_file} is corrupted or truncated: it ends inside a leaf.")
+    hasher.update(data)
+    return data
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice_in_dim(array, rows, start, 0)
+
+
+def _read_leaf(file, shape: tuple, dtype, hasher, data_file: pathlib.Path) -> jax.Array:
+    """One leaf, chunk by chunk, into an array of zeros (updated in place)."""
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    if not shape or row_bytes * shape[0] <= CHUNK_BYTES:
+        data = _read_exactly(file, row_bytes * (shape[0] if shape else 1), hasher, data_file)
+        return jnp.asarray(np.frombuffer(data, dtype).reshape(shape))
+    array = jnp.zeros(shape, dtype)
+    rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    for start in range(0, shape[0], rows):
+        count = min(rows, shape[0] - start)
+        data = _read_exactly(file, row_bytes * count, hasher, data_file)
+        chunk = np.frombuffer(data, dtype).reshape(count, *shape[1:])
+        array = _put_rows(array, chunk, np.int32(start))
+    return array

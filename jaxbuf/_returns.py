@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxbuf import _validation
 from jaxbuf._validation import check_int
 
 _METHODS = ("scan", "associative")
@@ -81,8 +82,8 @@ def _coefficient(name: str, value: Any, like: jax.Array) -> jax.Array:
     or raise `ValueError`; a traced value is clamped into [0, 1] (NaN stays NaN,
     so it shows in the result instead of hiding).
     """
-    if not isinstance(value, jax.core.Tracer):
-        known = np.asarray(value)
+    known = _validation.known(value)
+    if known is not None:
         if known.dtype == np.bool_ or not np.issubdtype(known.dtype, np.number):
             raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}.")
         outside = known[~((known >= 0) & (known <= 1))]

@@ -296,5 +296,6 @@ def _check_importance_exponent(value: Any) -> None:
     dtype = getattr(value, "dtype", None)
     if isinstance(value, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.floating)):
         raise TypeError(f"importance_exponent must be a float, got {value!r}.")
-    if not isinstance(value, jax.core.Tracer):
-        _validation.check_fraction("importance_exponent", np.asarray(value).item())
+    beta = _validation.known(value)
+    if beta is not None:
+        _validation.check_fraction("importance_exponent", beta.item())

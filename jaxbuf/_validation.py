@@ -50,6 +50,14 @@ def check_fraction(name: str, value: Any) -> float:
     return float(value)
 
 
+def known(value: Any) -> np.ndarray | None:
+    """`value` as a NumPy array, or None when it is traced (known only when run)."""
+    try:
+        return np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 def count_up(counter: jax.Array, amount: Any) -> jax.Array:
     """`counter + amount` for an int32 event counter, saturating at `MAX_INT32`
     (it never wraps negative; `amount` is non-negative)."""

@@ -1,8 +1,12 @@
 """Checkpoints: flax serialization, save/restore, atomicity, mismatches, Orbax."""
 
+import concurrent.futures
+import hashlib
 import json
+import multiprocessing
 import os
 import re
+import threading
 
 import chex
 import jax
@@ -139,7 +143,11 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
     obs = jax.tree_util.tree_flatten_with_path(state)[0]
     obs = next(x for path, x in obs if jax.tree_util.keystr(path) == OBS_PATH)
     leaf = metadata["leaves"][OBS_PATH]
-    assert leaf == {"shape": list(obs.shape), "dtype": "float32"}
+    assert {k: leaf[k] for k in ("shape", "dtype")} == {
+        "shape": list(obs.shape),
+        "dtype": "float32",
+    }
+    assert leaf["nbytes"] == obs.nbytes
     abstract = jax.eval_shape(lambda: template)  # a template that allocates nothing
     chex.assert_trees_all_equal(jaxbuf.restore(folder, abstract), state)
     if index != 2:
@@ -219,7 +227,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_readable(tmp_path, m
     chex.assert_trees_all_equal(jaxbuf.restore(folder, template), state)
     jaxbuf.save(folder, newer, buffer)  # the next save succeeds and cleans up
     chex.assert_trees_all_equal(jaxbuf.restore(folder, template), newer)
-    assert len(list(folder.glob("state-*.msgpack"))) == 1 and not list(folder.glob(".*.tmp"))
+    assert len(list(folder.glob("state-*.bin"))) == 1 and not list(folder.glob(".*.tmp"))
 
 
 def test_restoring_into_another_configuration_names_the_mismatch(tmp_path):
@@ -255,13 +263,16 @@ def test_damaged_checkpoints_raise_clear_errors(tmp_path):
     data_file = folder / jaxbuf.load_metadata(folder)["data_file"]
     original = data_file.read_bytes()
     data_file.write_bytes(original[:-10])
+    with pytest.raises(ValueError, match="is corrupted or truncated: it ends inside a leaf"):
+        jaxbuf.restore(folder, template)
+    data_file.write_bytes(original + b"extra")
     with pytest.raises(ValueError, match="is corrupted or truncated: its SHA-256 does not match"):
         jaxbuf.restore(folder, template)
     data_file.write_bytes(original[:20] + bytes([original[20] ^ 1]) + original[21:])
     with pytest.raises(ValueError, match="is corrupted or truncated"):
         jaxbuf.restore(folder, template)
     data_file.unlink()
-    with pytest.raises(ValueError, match=r"is incomplete: state-.*\.msgpack is missing"):
+    with pytest.raises(ValueError, match=r"is incomplete: state-.*\.bin is missing"):
         jaxbuf.restore(folder, template)
     (folder / "metadata.json").write_text('{"format": "jaxbuf-checkpoint", "form')
     with pytest.raises(
@@ -271,7 +282,9 @@ def test_damaged_checkpoints_raise_clear_errors(tmp_path):
     (folder / "metadata.json").write_text(
         json.dumps({"format": "jaxbuf-checkpoint", "format_version": 99})
     )
-    with pytest.raises(ValueError, match="has format version 99; this jaxbuf reads version 1"):
+    with pytest.raises(
+        ValueError, match="has format version 99; this jaxbuf reads versions 1 and 2"
+    ):
         jaxbuf.restore(folder, template)
     (folder / "metadata.json").write_text(json.dumps({"something": "else"}))
     with pytest.raises(ValueError, match="is not a jaxbuf checkpoint's metadata"):
@@ -293,3 +306,106 @@ def test_states_work_with_orbax_standard_checkpointing(tmp_path, index):
     chex.assert_trees_all_equal(restored, state)
     assert type(restored) is type(state)
     checkpointer.close()
+
+
+def test_format_1_folders_still_restore(tmp_path):
+    """A folder as jaxbuf 0.1 wrote it: flax msgpack data and version-1 metadata."""
+    buffer, state, template = states()[0]
+    host = jax.device_get(state)
+    data = serialization.to_bytes(host)
+    digest = hashlib.sha256(data).hexdigest()
+    folder = tmp_path / "v1"
+    folder.mkdir()
+    (folder / f"state-{digest[:16]}.msgpack").write_bytes(data)
+    metadata = {
+        "format": "jaxbuf-checkpoint", "format_version": 1, "jaxbuf_version": "0.1.0",
+        "kind": "replay", "config": _checkpoint._plain(buffer.config), "state_type": "RingState",
+        "size": 8, "leaves": _checkpoint._leaves(host),
+        "data_file": f"state-{digest[:16]}.msgpack", "sha256": digest,
+    }  # fmt: skip
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, template, buffer), state)
+
+
+def test_restore_with_the_buffer_names_every_differing_field(tmp_path):
+    saved = jaxbuf.make_trajectory_buffer(2, 8, 4, sequence_length=4)
+    state = saved.add(saved.init(EXAMPLE), items(6, 0, lead=(2,)))
+    folder = jaxbuf.save(tmp_path / "ckpt", state, saved)
+    other = jaxbuf.make_trajectory_buffer(2, 8, 4, sequence_length=8, period=2)
+    template = other.init(EXAMPLE)
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, template), state)  # shapes agree
+    message = (
+        "holds a state of another configuration than the buffer's: min_size: saved 4, buffer 8; "
+        "period: saved 1, buffer 2; sequence_length: saved 4, buffer 8."
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        jaxbuf.restore(folder, template, other)
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, template, saved), state)
+    jaxbuf.save(tmp_path / "bare", state)
+    with pytest.raises(ValueError, match="was saved without its buffer"):
+        jaxbuf.restore(tmp_path / "bare", template, saved)
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 1000])
+def test_leaves_stream_in_chunks_and_restore_exactly(tmp_path, monkeypatch, chunk_bytes):
+    monkeypatch.setattr(_checkpoint, "CHUNK_BYTES", chunk_bytes)
+    for buffer, state, template in states():
+        folder = jaxbuf.save(tmp_path / buffer.config.kind, state, buffer)
+        chex.assert_trees_all_equal(jaxbuf.restore(folder, template, buffer), state)
+
+
+def test_metadata_without_its_fields_is_a_clear_error(tmp_path):
+    buffer, state, template = states()[0]
+    folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    for key in ("leaves", "data_file", "sha256", "state_type"):
+        broken = {k: v for k, v in metadata.items() if k != key}
+        (folder / "metadata.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=f"is corrupted: '{key}' is missing"):
+            jaxbuf.restore(folder, template)
+    metadata["leaves"][OBS_PATH]["offset"] += 4
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ValueError, match=r"the place of leaf .* in the data file is wrong"):
+        jaxbuf.restore(folder, template)
+
+
+def _save_many(folder, seed, count):
+    buffer = jaxbuf.make_replay_buffer(8, 4)
+    state = buffer.init(EXAMPLE)
+    for i in range(count):
+        state = buffer.add(state, items(8, 1000 * seed + 10 * i))
+        jaxbuf.save(folder, state, buffer)
+
+
+def _restore_all_along(folder, stop):
+    """Restores again and again while saves go on; every restore must succeed."""
+    buffer = jaxbuf.make_replay_buffer(8, 4)
+    template, count = jax.eval_shape(buffer.init, EXAMPLE), 0
+    while not stop.is_set():
+        if (folder / "metadata.json").exists():
+            restored = jaxbuf.restore(folder, template, buffer)
+            first = int(restored.experience["action"][0])
+            assert restored.experience["action"].tolist() == list(range(first, first + 8))
+            count += 1
+    return count
+
+
+def test_concurrent_saves_into_one_folder_each_complete(tmp_path):
+    folder, stop = tmp_path / "shared", threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        readers = [pool.submit(_restore_all_along, folder, stop) for _ in range(2)]
+        list(pool.map(lambda seed: _save_many(folder, seed, 8), range(6)))
+        stop.set()
+        assert all(reader.result() > 0 for reader in readers)
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_save_many, args=(folder, 10 + i, 3)) for i in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    buffer = jaxbuf.make_replay_buffer(8, 4)
+    restored = jaxbuf.restore(folder, buffer.init(EXAMPLE), buffer)
+    first = int(restored.experience["action"][0])
+    assert restored.experience["action"].tolist() == list(range(first, first + 8))
+    assert len(list(folder.glob("state-*"))) == 1 and not list(folder.glob(".*.tmp"))
