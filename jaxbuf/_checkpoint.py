@@ -367,28 +367,30 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
       ([0.0, 1.0, 2.0, 0.0], 3)
     """
     folder = pathlib.Path(path)
-    metadata, data_file = _current(folder)
-    _check_template(metadata, template, folder)
-    if buffer is not None:
-        _check_config(metadata, buffer, folder)
-    with open(data_file, "rb") as file:
+    metadata, file = _open_current(folder)
+    with file:
+        _check_template(metadata, template, folder)
+        if buffer is not None:
+            _check_config(metadata, buffer, folder)
+        data_file = folder / metadata["data_file"]
         if metadata["format_version"] == 1:
             return _restore_msgpack(file.read(), metadata, template, data_file)
         return _read_leaves(file, metadata, template, data_file)
 
 
-def _current(folder: pathlib.Path) -> tuple[dict, pathlib.Path]:
-    """The committed metadata and its data file. A concurrent save may replace
-    both between the two reads; then the newer pair is taken."""
+def _open_current(folder: pathlib.Path) -> tuple[dict, Any]:
+    """The committed metadata and its data file, opened. A concurrent save may
+    replace both between the two reads; then the newer pair is taken (an open
+    file stays readable after a later save removes it)."""
     metadata = _read_metadata(folder)
-    for _ in range(3):
-        data_file = folder / metadata["data_file"]
-        if data_file.exists():
-            return metadata, data_file
-        newer = _read_metadata(folder)
-        if newer["data_file"] == metadata["data_file"]:
-            break
-        metadata = newer
+    for _ in range(8):
+        try:
+            return metadata, open(folder / metadata["data_file"], "rb")
+        except FileNotFoundError:
+            newer = _read_metadata(folder)
+            if newer["data_file"] == metadata["data_file"]:
+                break
+            metadata = newer
     raise ValueError(f"{folder} is incomplete: {metadata['data_file']} is missing.")
 
 
