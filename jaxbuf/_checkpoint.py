@@ -198,7 +198,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     pending = folder / _pending_name(data_file)
     try:
         hasher = hashlib.sha256()
-        with open(pending, "wb") as file:
+        with _saving(folder), open(pending, "wb") as file:
             leaves = _write_data(file, jax.tree_util.tree_flatten_with_path(state)[0], hasher)
             file.flush()
             os.fsync(file.fileno())
@@ -209,10 +209,25 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
             "size": None if size is None else np.asarray(size).tolist(),
             "leaves": leaves, "data_file": data_file, "sha256": hasher.hexdigest(),
         }  # fmt: skip
-        _commit(folder, pending, metadata)
+        with _saving(folder):
+            _commit(folder, pending, metadata)
     finally:
         pending.unlink(missing_ok=True)
     return folder
+
+
+@contextlib.contextmanager
+def _saving(folder: pathlib.Path) -> Iterator[None]:
+    """Re-raises an `OSError` (a full disk, say) saying that the previous
+    checkpoint is kept."""
+    try:
+        yield
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"jaxbuf.save could not write {folder}: {error.strerror or error}; the previous "
+            "checkpoint there is kept",
+        ) from error
 
 
 def _commit(folder: pathlib.Path, pending: pathlib.Path, metadata: dict) -> None:
@@ -262,6 +277,12 @@ def _read_metadata(folder: pathlib.Path) -> dict:
     for key, kind in _REQUIRED.items():
         if not isinstance(metadata.get(key), kind):
             raise ValueError(f"{file} is corrupted: {key!r} is missing or not a {kind.__name__}.")
+    suffix = ".msgpack" if metadata["format_version"] == 1 else ".bin"
+    if not metadata["data_file"].endswith(suffix):
+        raise ValueError(
+            f"{file} is corrupted: format {metadata['format_version']} keeps its data in a "
+            f"{suffix} file, not {metadata['data_file']!r}."
+        )
     return metadata
 
 
@@ -400,8 +421,11 @@ def _restore_msgpack(data: bytes, metadata: dict, template: Any, data_file: path
         raise ValueError(
             f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
         )
-    saved: Any = serialization.msgpack_restore(data)
-    restored = serialization.from_state_dict(template, saved)
+    try:
+        saved: Any = serialization.msgpack_restore(data)
+        restored = serialization.from_state_dict(template, saved)
+    except Exception as error:  # msgpack and flax raise many kinds
+        raise ValueError(f"{data_file} does not hold the template's state: {error}") from error
     return jax.tree.map(jnp.asarray, restored)
 
 
