@@ -280,3 +280,91 @@ class BufferMachine(RuleBasedStateMachine):
 def test_buffer_state_machine(kind, sampler):
     machine = type(f"{kind}_{sampler}", (BufferMachine,), {"kind": kind, "sampler": sampler})
     machine.TestCase().runTest()
+
+
+QUEUE = jaxbuf.make_queue(capacity=7, add_batch_size=3, sample_batch_size=2)
+QUEUE_ADD, QUEUE_POP = jax.jit(QUEUE.add), jax.jit(QUEUE.pop)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """The queue against a Python deque; counters start near their limits."""
+
+    @initialize(added=st.sampled_from(STARTS), dropped=st.sampled_from([0, 2**31 - 4]))
+    def begin(self, added, dropped):
+        state = QUEUE.init(jnp.int32(0))
+        self.state = state.replace(added=jnp.uint32(added), dropped=jnp.int32(dropped))
+        self.queue, self.dropped, self.next_id = [], dropped, 0
+
+    @rule()
+    def add(self):
+        items = self.next_id + np.arange(3)
+        self.next_id += 3
+        self.state = QUEUE_ADD(self.state, jnp.asarray(items, jnp.int32))
+        if len(self.queue) + 3 <= 7:
+            self.queue += items.tolist()
+        else:
+            self.dropped = min(self.dropped + 3, 2**31 - 1)
+
+    @rule()
+    def pop(self):
+        self.state, batch = QUEUE_POP(self.state)
+        if len(self.queue) >= 2:
+            assert batch.valid.all() and batch.experience.tolist() == self.queue[:2]
+            self.queue = self.queue[2:]
+        else:
+            assert not batch.valid.any()
+
+    @invariant()
+    def agrees(self):
+        if hasattr(self, "state"):
+            assert jaxbuf.stored_items(self.state)[""].tolist() == self.queue
+            assert int(self.state.dropped) == self.dropped and int(self.state.size) == len(
+                self.queue
+            )
+
+
+ROLLOUT = jaxbuf.make_rollout_buffer(3, 2, discount=0.9, gae_lambda=0.8)
+ROLLOUT_ADD, ROLLOUT_FINISH = jax.jit(ROLLOUT.add), jax.jit(ROLLOUT.finish)
+
+
+class RolloutMachine(RuleBasedStateMachine):
+    """The rollout buffer's size, drops and stored steps against a list."""
+
+    @initialize(dropped=st.sampled_from([0, 2**31 - 2]))
+    def begin(self, dropped):
+        example = {k: jnp.float32(0) for k in ("reward", "value", "final_value")}
+        example |= {"terminated": jnp.bool_(False), "truncated": jnp.bool_(False)}
+        self.state = ROLLOUT.init(example).replace(dropped=jnp.int32(dropped))
+        self.steps, self.dropped = [], dropped
+
+    @rule(reward=st.sampled_from([0.0, 1.0, -2.5]), done=st.booleans())
+    def add(self, reward, done):
+        step = {"reward": jnp.full(2, reward), "value": jnp.ones(2), "final_value": jnp.zeros(2),
+                "terminated": jnp.full(2, done), "truncated": jnp.zeros(2, bool)}  # fmt: skip
+        self.state = ROLLOUT_ADD(self.state, step)
+        if len(self.steps) < 3:
+            self.steps.append(reward)
+        else:
+            self.dropped = min(self.dropped + 1, 2**31 - 1)
+
+    @rule()
+    def finish_and_clear(self):
+        self.state = ROLLOUT_FINISH(self.state, jnp.zeros(2))
+        returns = jaxbuf.stored_items(self.state)["return"]
+        assert len(returns) == 2 * len(self.steps) and np.all(np.isfinite(returns))
+        self.state, self.steps, self.dropped = ROLLOUT.clear(self.state), [], 0
+
+    @invariant()
+    def agrees(self):
+        if hasattr(self, "state"):
+            assert int(self.state.size) == len(self.steps)
+            assert int(self.state.dropped) == self.dropped
+            assert (
+                jaxbuf.stored_items(self.state)["reward"].tolist()
+                == np.repeat(self.steps, 2).tolist()
+            )
+
+
+@pytest.mark.parametrize("machine", [QueueMachine, RolloutMachine], ids=["queue", "rollout"])
+def test_queue_and_rollout_state_machines(machine):
+    machine.TestCase().runTest()
