@@ -212,3 +212,19 @@ def test_two_leaves_that_would_share_a_column_raise():
         jaxbuf.stored_items(jaxbuf._storage.RingState(
             experience=_Twice(jnp.zeros(2), jnp.zeros(2)), position=jnp.int32(0),
             size=jnp.int32(2), added=jnp.uint32(2)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"kind": ["replay"], "capacity": 8, "sample_batch_size": 2},
+         "config['kind'] must be one of"),
+        ({"kind": "replay", 1: 2, "capacity": 8, "sample_batch_size": 2},
+         "unknown key(s) [1] in the 'replay' configuration"),
+        ({"kind": "replay", "capacity": 8, "sample_batch_size": 2, "sampler": {"kind": ["x"]}},
+         "config['sampler']['kind'] must be one of"),
+    ],
+)  # fmt: skip
+def test_odd_configuration_keys_and_kinds_are_named(config, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        jaxbuf.buffer_from_config(config)
