@@ -15,6 +15,7 @@ from jaxbuf._episode import EpisodeRecords, make_episode_buffer
 from jaxbuf._export import export, read_export, stored_items, to_torch
 from jaxbuf._mix import mix
 from jaxbuf._queue import Queue, QueueState, make_queue
+from jaxbuf._rate_limit import RateLimiter, RateLimiterState, sample_to_insert_ratio
 from jaxbuf._replay import from_data, make_replay_buffer
 from jaxbuf._returns import discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuf._rollout import (
@@ -61,6 +62,8 @@ __all__ = [
     "PriorityState",
     "Queue",
     "QueueState",
+    "RateLimiter",
+    "RateLimiterState",
     "RingState",
     "RolloutBatch",
     "RolloutBuffer",
@@ -92,6 +95,7 @@ __all__ = [
     "read_dataset",
     "read_export",
     "restore",
+    "sample_to_insert_ratio",
     "save",
     "shard",
     "stored_items",

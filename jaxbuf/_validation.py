@@ -58,6 +58,18 @@ def known(value: Any) -> np.ndarray | None:
         return None
 
 
+def check_real(name: str, value: Any) -> float:
+    """Returns a real number (Python or NumPy, not a bool, not NaN; infinite
+    allowed) as a float, or raises naming the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"{name} must be a number, got {value!r} of type {type(value).__name__}.")
+    if np.isnan(value):
+        raise ValueError(f"{name} must be a number, got nan.")
+    return float(value)
+
+
 def count_up(counter: jax.Array, amount: Any) -> jax.Array:
     """`counter + amount` for an int32 event counter, saturating at `MAX_INT32`
     (it never wraps negative; `amount` is non-negative)."""
