@@ -25,7 +25,7 @@ from jaxbuf._rollout import (
     RolloutBufferState,
     make_rollout_buffer,
 )
-from jaxbuf._samplers import PriorityState, Sampler, prioritized, uniform
+from jaxbuf._samplers import EpochState, PriorityState, Sampler, epochs, prioritized, uniform
 from jaxbuf._sharding import per_shard, shard
 from jaxbuf._spaces import example_from_space
 from jaxbuf._storage import RingState, TimeRingState
@@ -57,6 +57,7 @@ __all__ = [
     "Config",
     "DatasetWriter",
     "EpisodeRecords",
+    "EpochState",
     "FinalObservations",
     "InitFn",
     "PriorityState",
@@ -76,6 +77,7 @@ __all__ = [
     "buffer_from_config",
     "dataset_to_state",
     "discounted_returns",
+    "epochs",
     "example_from_space",
     "export",
     "from_data",

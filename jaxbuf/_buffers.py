@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf import _storage
-from jaxbuf._samplers import Changes, Sampler, uniform
+from jaxbuf._samplers import Changes, Drawn, Sampler, uniform
 from jaxbuf._types import Buffer, Config, PyTree, Sample
 
 
@@ -100,11 +100,30 @@ def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Ar
       prioritized sampler. Below `min_size` the items are still drawn where
       anything is drawable, and `valid` is false (weights 0).
     """
-    drawn = sampler.draw(layout, state, key, batch, **options)
+    return _sample(layout, sampler.draw(layout, state, key, batch, **options), state)
+
+
+def _sample(layout: Layout, drawn: Drawn, state: Any) -> Sample:
     experience, mask, length = layout.expand(state, drawn.where)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
     return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
+
+
+def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):
+    """The next `sample_batch_size` anchors of the current pass (see `jaxbuf.epochs`).
+
+    Args:
+      state: the buffer state.
+      key: a PRNG key; it shuffles the next pass when this call begins one.
+
+    Returns:
+      `(state, Sample)`: the state with the sampler moved on, and the batch as
+      `sample` gives it; rows past the end of the pass, or whose anchor was
+      overwritten during the pass, are `valid` false.
+    """
+    drawn = sampler.draw(layout, state, key, batch)
+    return state.replace(sampler=drawn.state), _sample(layout, drawn, state)
 
 
 def can_sample(layout: Layout, sampler: Sampler, state: Any) -> jax.Array:
@@ -166,7 +185,7 @@ def bind(fn: Callable, *bound: Any) -> Callable:
 def check_sampler(sampler: Any) -> Sampler:
     if not isinstance(sampler, Sampler):
         raise TypeError(
-            "sampler must be jaxbuf.uniform(...) or jaxbuf.prioritized(...), got "
+            "sampler must be jaxbuf.uniform(...), jaxbuf.prioritized(...) or jaxbuf.epochs(), got "
             f"{type(sampler).__name__}."
         )
     return sampler
@@ -185,6 +204,7 @@ def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> 
         set_priorities=(
             None if sampler.set_priorities is None else bind(set_priorities, layout, sampler)
         ),
+        next_batch=bind(next_batch, layout, sampler, batch) if sampler.advances else None,
         layout=layout,
         sampler=sampler,
     )

@@ -14,7 +14,7 @@ from jaxbuf._episode import make_episode_buffer
 from jaxbuf._queue import make_queue
 from jaxbuf._replay import make_replay_buffer
 from jaxbuf._rollout import make_rollout_buffer
-from jaxbuf._samplers import prioritized, uniform
+from jaxbuf._samplers import epochs, prioritized, uniform
 from jaxbuf._trajectory import make_trajectory_buffer
 from jaxbuf._transition import make_transition_buffer
 from jaxbuf._vectorize import vectorize
@@ -28,7 +28,7 @@ FACTORIES = {
     "trajectory": make_trajectory_buffer,
     "transition": make_transition_buffer,
 }
-SAMPLERS = {"prioritized": prioritized, "uniform": uniform}
+SAMPLERS = {"epochs": epochs, "prioritized": prioritized, "uniform": uniform}
 
 
 def _schema(factory) -> tuple[list[str], list[str]]:

@@ -66,6 +66,7 @@ class Drawn(struct.PyTreeNode):
     valid: jax.Array
     probabilities: jax.Array | None = None
     weights: jax.Array | None = None
+    state: Any = None  # the sampler's state after the draw, for samplers that advance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Sampler(_Record):
     after_add: Callable[[PyTree, Changes], PyTree]
     available: Callable[[Any, Any], jax.Array]
     set_priorities: Callable[..., Any] | None = None
+    advances: bool = False  # whether a draw moves the sampler on (`next_batch`)
 
 
 def uniform(replacement: bool = True) -> Sampler:
@@ -299,3 +301,104 @@ def _check_importance_exponent(value: Any) -> None:
     beta = _validation.known(value)
     if beta is not None:
         _validation.check_fraction("importance_exponent", beta.item())
+
+
+class EpochState(struct.PyTreeNode):
+    """The `epochs` sampler's state: the current pass over the stored anchors.
+
+    Attributes:
+      order: int32 `[num_slots]`, the slots of the pass in shuffled order (the
+        first `size`).
+      member: bool `[num_slots]`, whether a slot still holds the anchor it held
+        when the pass began (an `add` that overwrites or creates it clears it).
+      size: int32 scalar, the anchors in the pass.
+      cursor: int32 scalar, how many of them were handed out.
+      epoch: int32 scalar, the passes begun (saturating).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs())
+      >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
+      >>> state, batch = buffer.next_batch(state, jax.random.key(0))
+      >>> int(state.sampler.epoch), int(state.sampler.size), int(state.sampler.cursor)
+      (1, 6, 4)
+    """
+
+    order: jax.Array
+    member: jax.Array
+    size: jax.Array
+    cursor: jax.Array
+    epoch: jax.Array
+
+
+def epochs() -> Sampler:
+    """Hands out every stored anchor exactly once per pass, in shuffled order.
+
+    For offline training: the buffer gets `next_batch(state, key) -> (state,
+    Sample)`, which returns the next `sample_batch_size` anchors of the current
+    pass and moves on. A pass holds the anchors drawable when it began, in an
+    order drawn with the key of that call; its last batch is partial (the rows
+    past the pass are `valid` false), and the next call begins a new pass.
+    Anchors added during a pass join the next one; anchors overwritten during
+    a pass are skipped (their rows are `valid` false). `sample(state, key)`
+    returns what `next_batch` would, without moving on. `state.sampler.epoch`
+    counts the passes begun.
+
+    Each pass begins with a sort of `num_slots` random keys (O(N log N), once
+    per pass); the state holds 5 bytes per slot.
+
+    Returns:
+      A `Sampler` for the `sampler=` argument of the `make_*` factories.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs())
+      >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
+      >>> seen = []
+      >>> for key in jax.random.split(jax.random.key(0), 2):
+      ...     state, batch = buffer.next_batch(state, key)
+      ...     seen += batch.experience[batch.valid].tolist()
+      >>> sorted(seen)
+      [0, 1, 2, 3, 4, 5]
+    """
+
+    def init(num_slots: int) -> EpochState:
+        zero = jnp.zeros((), jnp.int32)
+        return EpochState(order=jnp.zeros(num_slots, jnp.int32),
+                          member=jnp.zeros(num_slots, bool), size=zero, cursor=jnp.int32(0),
+                          epoch=jnp.int32(0))  # fmt: skip
+
+    def after_add(state: EpochState, changes: Changes) -> EpochState:
+        member, num_slots = state.member, state.member.shape[0]
+        for slots in (changes.cleared, changes.filled):
+            if slots is not None:  # -1 pads, and the rest: out of bounds, dropped
+                slots = jnp.where(slots >= 0, slots, num_slots)
+                member = member.at[slots].set(False, mode="drop")
+        return state.replace(member=member)
+
+    def begin(layout, state, key) -> EpochState:
+        slots = jnp.arange(layout.num_slots, dtype=jnp.int32)
+        drawable = layout.usable(state, slots)
+        ranks = jnp.where(
+            drawable, jax.random.bits(key, slots.shape, jnp.uint32) >> 1, jnp.uint32(2**31)
+        )
+        size = jnp.sum(drawable, dtype=jnp.int32)
+        return EpochState(order=jnp.argsort(ranks).astype(jnp.int32), member=drawable,
+                          size=size, cursor=jnp.int32(0),
+                          epoch=_validation.count_up(state.sampler.epoch, size > 0))  # fmt: skip
+
+    def draw(layout, state, key, count: int) -> Drawn:
+        current = state.sampler
+        current = jax.lax.cond(current.cursor >= current.size,
+                               lambda: begin(layout, state, key), lambda: current)  # fmt: skip
+        positions = current.cursor + jnp.arange(count, dtype=jnp.int32)
+        slots = current.order[jnp.minimum(positions, layout.num_slots - 1)]
+        valid = (positions < current.size) & current.member[slots] & layout.usable(state, slots)
+        after = current.replace(cursor=jnp.minimum(current.cursor + count, current.size))
+        return Drawn(slots, layout.place(slots), valid, state=after)
+
+    def available(layout, state) -> jax.Array:
+        return jnp.sum(layout.counts(state)) > 0
+
+    config = Config(kind="epochs")
+    return Sampler(config, init, draw, after_add, available, advances=True)

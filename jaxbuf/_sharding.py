@@ -53,6 +53,7 @@ ROLES = {
     "take": _Role(("state", "data"), "batch"),
     "minibatches": _Role(("state", "key"), "minibatches"),
     "pop": _Role(("state",), ("state", "batch")),
+    "next_batch": _Role(("state", "key"), ("state", "batch")),
     "can_sample": _Role(("state",), "all"),
     "can_add": _Role(("state",), "all"),
 }

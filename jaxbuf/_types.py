@@ -90,6 +90,8 @@ class Buffer(_Record):
         `[num_envs, ...]`); None for a replay buffer.
       set_priorities: `set_priorities(state, indices, priorities) -> state`; None
         unless the sampler is `prioritized`.
+      next_batch: `next_batch(state, key) -> (state, Sample)`, the next batch of
+        the current pass; None unless the sampler is `epochs`.
       layout: the kind's storage, anchors and unit, for transforms (`vectorize`).
       sampler: the `Sampler`, for transforms.
 
@@ -109,6 +111,7 @@ class Buffer(_Record):
     config: Config
     add_step: Callable[..., Any] | None = None
     set_priorities: Callable[..., Any] | None = None
+    next_batch: Callable[..., Any] | None = None
     layout: Any = dataclasses.field(default=None, repr=False)
     sampler: Any = dataclasses.field(default=None, repr=False)
 

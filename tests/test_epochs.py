@@ -1,0 +1,124 @@
+"""The epochs sampler: every anchor exactly once per pass, checked against a model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuf
+
+ENVS, STRIDE, LENGTH, N = 2, 10**6, 3, 2
+
+
+def make(kind, capacity, batch):
+    if kind == "replay":
+        return jaxbuf.make_replay_buffer(capacity, batch, sampler=jaxbuf.epochs())
+    if kind == "trajectory":
+        return jaxbuf.make_trajectory_buffer(ENVS, capacity, batch, LENGTH, sampler=jaxbuf.epochs())
+    return jaxbuf.make_transition_buffer(ENVS, capacity, batch, n_step=N, sampler=jaxbuf.epochs())
+
+
+def data(kind, first, count):
+    """Items (or steps of every environment) with ids `first, first + 1, ...`."""
+    if kind == "replay":
+        return {"id": jnp.arange(first, first + count, dtype=jnp.int32)}
+    ids = (first + jnp.arange(count, dtype=jnp.int32))[None] + STRIDE * jnp.arange(ENVS)[:, None]
+    if kind == "trajectory":
+        return {"id": ids}
+    obs = ids.astype(jnp.float32)[..., None]
+    no = jnp.zeros(ids.shape, bool)
+    return jaxbuf.Transition(obs, ids, jnp.ones(ids.shape), no, no, obs)
+
+
+def anchor_ids(kind, batch):
+    """The id of each valid row's anchor (item, window start, transition start)."""
+    if kind == "replay":
+        ids = batch.experience["id"]
+    elif kind == "trajectory":
+        ids = batch.experience["id"][:, 0]
+    else:
+        ids = batch.experience.action
+    return np.asarray(ids)[np.asarray(batch.valid)].tolist()
+
+
+def drawable(kind, history, capacity):
+    """The anchors a pass beginning now holds: ids per the kind's rule."""
+    if kind == "replay":
+        return set(history[-capacity:])
+    span = LENGTH if kind == "trajectory" else N + 1
+    stored = history[-capacity:]
+    starts = stored[: len(stored) - span + 1] if len(stored) >= span else []
+    return {s + STRIDE * e for s in starts for e in range(ENVS)}
+
+
+@pytest.mark.parametrize("kind", ["replay", "trajectory", "transition"])
+def test_every_anchor_once_per_pass_with_adds_between(kind):
+    capacity, batch = 13, 4
+    buffer = make(kind, capacity, batch)
+    add, next_batch = jax.jit(buffer.add), jax.jit(buffer.next_batch)
+    rng = np.random.default_rng(len(kind))
+    history, next_id = [], 0  # ids of one environment (the others are offset)
+    lead = (0,) * (1 if kind == "replay" else 2)
+    state = buffer.init(jax.tree.map(lambda x: x[lead], data(kind, 0, 1)))
+    passes, members, visited, gone = 0, set(), [], set()
+    for call in range(400):
+        if rng.random() < 0.3:  # an add between batches: overwrites, and new anchors
+            count = int(rng.integers(1, 6))
+            state = add(state, data(kind, next_id, count))
+            history += list(range(next_id, next_id + count))
+            next_id += count
+            gone |= members - drawable(kind, history, capacity)  # overwritten in the pass
+        epoch = int(state.sampler.epoch)
+        state, got = next_batch(state, jax.random.key(call))
+        if int(state.sampler.epoch) != epoch:  # a new pass began with this call
+            if passes:  # the previous one covered all its anchors still stored
+                assert len(visited) == len(set(visited)), call
+                assert set(visited) | gone == members, call  # visited, or overwritten first
+            passes, members = passes + 1, drawable(kind, history, capacity)
+            visited, gone = [], set()
+        ids = anchor_ids(kind, got)
+        assert set(ids) <= members - gone and not set(ids) & set(visited)
+        visited += ids
+    assert passes > 10
+
+
+def test_passes_are_shuffled_differently_and_sample_peeks():
+    buffer = jaxbuf.make_replay_buffer(64, 16, sampler=jaxbuf.epochs())
+    state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(64, dtype=jnp.int32))
+    orders = []
+    for call in range(8):
+        peek = buffer.sample(state, jax.random.key(call))
+        state, got = buffer.next_batch(state, jax.random.key(call))
+        np.testing.assert_array_equal(peek.experience, got.experience)
+        orders.append(got.experience.tolist())
+    first = [i for order in orders[:4] for i in order]
+    second = [i for order in orders[4:] for i in order]
+    assert sorted(first) == sorted(second) == list(range(64)) and first != second
+    assert first != list(range(64))
+
+
+def test_a_partial_last_batch_is_flagged_and_an_empty_buffer_gives_nothing():
+    buffer = jaxbuf.make_replay_buffer(16, 4, sampler=jaxbuf.epochs())
+    state = buffer.init(jnp.int32(0))
+    state, got = buffer.next_batch(state, jax.random.key(0))
+    assert not got.valid.any() and int(state.sampler.epoch) == 0
+    assert not bool(buffer.can_sample(state))
+    state = buffer.add(state, jnp.arange(6, dtype=jnp.int32))
+    state, first = buffer.next_batch(state, jax.random.key(1))
+    state, last = buffer.next_batch(state, jax.random.key(2))
+    assert first.valid.tolist() == [True] * 4 and last.valid.tolist() == [True] * 2 + [False] * 2
+
+
+def test_epochs_work_vectorized_from_config_and_through_checkpoints(tmp_path):
+    config = {"kind": "replay", "capacity": 8, "sample_batch_size": 3,
+              "sampler": {"kind": "epochs"}, "num_buffers": 2}  # fmt: skip
+    buffer = jaxbuf.buffer_from_config(config)
+    state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(10, dtype=jnp.int32).reshape(2, 5))
+    state, first = jax.jit(buffer.next_batch)(state, jax.random.key(0))
+    restored = jaxbuf.restore(jaxbuf.save(tmp_path / "c", state, buffer), state, buffer)
+    seen = first.experience[first.valid].tolist()
+    for call in range(1, 4):
+        restored, got = buffer.next_batch(restored, jax.random.key(call))
+        seen += got.experience[got.valid].tolist()
+    assert sorted(seen) == list(range(10))
+    assert buffer.config.sampler == {"kind": "epochs"}
