@@ -45,6 +45,7 @@ from jaxbuf._types import (
 from jaxbuf._types import (
     PyTree as PyTree,
 )
+from jaxbuf._vault import read_vault, vault_to_state
 from jaxbuf._vectorize import vectorize
 from jaxbuf._version import __version__ as __version__
 
@@ -96,6 +97,7 @@ __all__ = [
     "prioritized",
     "read_dataset",
     "read_export",
+    "read_vault",
     "restore",
     "sample_to_insert_ratio",
     "save",
@@ -104,5 +106,6 @@ __all__ = [
     "take_all",
     "to_torch",
     "uniform",
+    "vault_to_state",
     "vectorize",
 ]
