@@ -10,13 +10,13 @@ episodes still stored, so `sample` draws uniformly among them in O(batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _buffers, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _storage, _trajectory, _validation
 from jaxbuf._samplers import Changes, Sampler
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -147,8 +147,9 @@ def _writer(num_envs: int, capacity: int, done_fn):
     return write
 
 
-def _init(num_envs: int, capacity: int, k: int):
+def _init(num_envs: int, capacity: int, k: int, frames: dict):
     def init(example_step: PyTree) -> TimeRingState:
+        _frames.check_leaves(frames, example_step, "the example step")
         per_env = jnp.zeros(num_envs, jnp.int32)
         side = EpisodeRecords(
             first_step=jnp.zeros((num_envs, k), jnp.uint32),
@@ -162,9 +163,9 @@ def _init(num_envs: int, capacity: int, k: int):
     return init
 
 
-def _padded(state: TimeRingState, where: tuple, max_length: int):
+def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, done_fn):
     """The episodes of records `(env, slot)` (int32 `[B]` each), padded with zeros:
-    `(experience, mask, length)`."""
+    `(experience, mask, length)`; `frames` leaves stacked per step."""
     capacity = _storage.capacity_of(state.experience, 1)
     envs, slot = where
     records = state.side
@@ -173,15 +174,17 @@ def _padded(state: TimeRingState, where: tuple, max_length: int):
     length = records.length[envs, slot]
     mask = jnp.arange(max_length, dtype=jnp.int32)[None, :] < length[:, None]
 
-    def gather(x: jax.Array) -> jax.Array:
-        window = x.at[envs[:, None], times].get(mode="promise_in_bounds")
+    def zero_padding(window: jax.Array) -> jax.Array:
         keep = mask.reshape(*mask.shape, *[1] * (window.ndim - 2))
-        return jnp.where(keep, window, jnp.zeros((), x.dtype))
+        return jnp.where(keep, window, jnp.zeros((), window.dtype))
 
-    return jax.tree.map(gather, state.experience), mask, length
+    experience = _storage.read(state.experience, envs[:, None], times)
+    done_at = _frames.done_of(state, done_fn)
+    experience = _frames.stack_steps(state, experience, envs[:, None], times, frames, done_at)
+    return jax.tree.map(zero_padding, experience), mask, length
 
 
-def _layout(config: dict, done_fn) -> _buffers.Layout:
+def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
     num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
     k = math.ceil(capacity / min_episode_length)
 
@@ -196,14 +199,14 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
         return rank < state.side.size[envs]
 
     return _buffers.Layout(
-        init=_init(num_envs, capacity, k),
+        init=_init(num_envs, capacity, k, frames),
         write=_writer(num_envs, capacity, done_fn),
         num_slots=num_envs * k,
         groups=num_envs,
         counts=lambda state: state.side.size,
         slot=slot,
         usable=usable,
-        expand=lambda state, where: _padded(state, where, max_length),
+        expand=lambda state, where: _padded(state, where, max_length, frames, done_fn),
         ready=lambda state, slots=None: state.side.size.sum() >= min_episodes,
         place=place,
         flatten=flatten,
@@ -220,6 +223,7 @@ def make_episode_buffer(
     done_fn: Callable[[PyTree], jax.Array],
     min_episodes: int = 1,
     min_episode_length: int = 1,
+    frames: Mapping[str, int] | None = None,
     sampler: Sampler = _buffers.DEFAULT_SAMPLER,
 ) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
@@ -246,6 +250,9 @@ def make_episode_buffer(
       min_episodes: complete episodes (over all environments) from which
         `can_sample` is true.
       min_episode_length: the shortest episode expected, sizing the records.
+      frames: `{leaf name: k}`: each step's leaf comes stacked over its last `k`
+        steps, `[B, max_length, k, ...]`, the episode's first frame standing in
+        for steps before it (see `jaxbuf._frames`); storage keeps one frame per step.
 
     Returns:
       An `EpisodeBuffer`: `init(example_step)`, `add(state, steps)` with leaves
@@ -269,7 +276,8 @@ def make_episode_buffer(
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
+    stacks = _frames.check_frames(frames, config["capacity"])
     return _buffers.assemble(
-        _layout(config, done_fn), sampler, config["sample_batch_size"], kind="episode",
-        **config, **_buffers.done_config(done_fn),
+        _layout(config, done_fn, stacks), sampler, config["sample_batch_size"], kind="episode",
+        **config, **_buffers.done_config(done_fn), frames=stacks or None,
     )  # fmt: skip

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _buffers, _storage, _validation
+from jaxbuf import _buffers, _frames, _storage, _validation
 from jaxbuf._samplers import Changes, Sampler
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -86,7 +86,7 @@ def init_steps(num_envs: int, capacity: int) -> Callable:
     return init
 
 
-def _layout(config: dict, done_fn) -> _buffers.Layout:
+def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
     num_envs, capacity, _, length, period, min_size = config.values()
     write_steps = step_writer(num_envs, capacity)
 
@@ -100,12 +100,22 @@ def _layout(config: dict, done_fn) -> _buffers.Layout:
 
     def expand(state, where):
         envs, starts = where
-        return (*windows(state.experience, envs, starts, length, done_fn), None)
+        experience, mask = windows(state.experience, envs, starts, length, done_fn)
+        if frames:  # each window step's stack: [B, L, k, ...]
+            times = _buffers.window_times(starts, length, capacity)
+            done_at = _frames.done_of(state, done_fn)
+            experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
+                                             done_at)  # fmt: skip
+        return experience, mask, None
+
+    def init(example_step: PyTree) -> TimeRingState:
+        _frames.check_leaves(frames, example_step, "the example step")
+        return init_steps(num_envs, capacity)(example_step)
 
     place, flatten = _buffers.splitter(capacity)
 
     return _buffers.Layout(
-        init=init_steps(num_envs, capacity),
+        init=init,
         write=write,
         num_slots=num_envs * capacity,
         groups=num_envs,
@@ -164,6 +174,7 @@ def make_trajectory_buffer(
     period: int = 1,
     min_size: int | None = None,
     done_fn: Callable[[PyTree], jax.Array] | None = None,
+    frames: Mapping[str, int] | None = None,
     sampler: Sampler = _buffers.DEFAULT_SAMPLER,
 ) -> Buffer:
     """Makes a buffer of per-environment trajectories that samples sequences.
@@ -180,6 +191,10 @@ def make_trajectory_buffer(
         `sequence_length` (the default).
       done_fn: `done_fn(step) -> bool scalar` for one step (no batch axes); when
         given, samples carry a `mask` that ends at the first episode end.
+      frames: `{leaf name: k}`: each sampled step's leaf comes stacked over its
+        last `k` steps, `[B, L, k, ...]` (see `jaxbuf._frames`; episode starts
+        come from `done_fn`, without it only the oldest stored step limits a
+        stack); storage keeps one frame per step.
 
     Returns:
       A `TrajectoryBuffer`: `init(example_step)`, `add(state, steps)` with leaves
@@ -203,7 +218,8 @@ def make_trajectory_buffer(
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
+    stacks = _frames.check_frames(frames, config["capacity"])
     return _buffers.assemble(
-        _layout(config, done_fn), sampler, config["sample_batch_size"], kind="trajectory",
-        **config, **_buffers.done_config(done_fn),
+        _layout(config, done_fn, stacks), sampler, config["sample_batch_size"], kind="trajectory",
+        **config, **_buffers.done_config(done_fn), frames=stacks or None,
     )  # fmt: skip

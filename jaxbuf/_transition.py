@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _buffers, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _storage, _trajectory, _validation
 from jaxbuf._samplers import Sampler
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree, Transition
@@ -173,9 +173,10 @@ def _stale(before, after, stale, evicted, number) -> jax.Array:
     return jnp.where(evicted, jnp.maximum(shifted, offset + 1), shifted)
 
 
-def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float):
+def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: int = 1):
     """The n-step transitions starting at time `starts` of environments `envs` (int32
-    `[B]` each): `(Transition, length)`."""
+    `[B]` each): `(Transition, length)`; with `k > 1`, `obs` and `next_obs` are
+    stacks of `k` frames."""
     steps, side = state.experience, state.side
     capacity = side.slot_of.shape[1]
     times = _buffers.window_times(starts, n, capacity)
@@ -190,22 +191,57 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float):
         jnp.take_along_axis(x, last, axis=1)[:, 0] for x in (terminated, truncated)
     )
     powers = jnp.asarray(np.power(discount, np.arange(n + 1)), reward.dtype)
-    slot = _storage.read(side.slot_of, envs, jnp.take_along_axis(times, last, axis=1)[:, 0])
+    last_time = jnp.take_along_axis(times, last, axis=1)[:, 0]
+    slot = _storage.read(side.slot_of, envs, last_time)
     final = _storage.read(side.experience, envs, slot.astype(jnp.int32))
-    following = _storage.read(steps["obs"], envs, (starts + n) % capacity)
     ended = end_terminated | end_truncated
+    following = (starts + n) % capacity
+    if k > 1:
+        obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k)
+    else:
+        obs = _storage.read(steps["obs"], envs, starts)
+        next_obs = _where_rows(ended, final, _storage.read(steps["obs"], envs, following))
     transition = Transition(
-        obs=_storage.read(steps["obs"], envs, starts),
+        obs=obs,
         action=_storage.read(steps["action"], envs, starts),
         reward=jnp.sum(jnp.where(used, reward * powers[None, :n], 0), axis=1),
         terminated=end_terminated,
         truncated=end_truncated,
-        next_obs=jax.tree.map(
-            lambda f, o: jnp.where(ended.reshape(-1, *[1] * (f.ndim - 1)), f, o), final, following
-        ),
+        next_obs=next_obs,
         discount=jnp.where(end_terminated, 0, powers[length]).astype(reward.dtype),
     )
     return transition, length
+
+
+def _where_rows(rows: jax.Array, yes: PyTree, no: PyTree) -> PyTree:
+    """Leaf by leaf, `yes` where the bool `[B]` `rows` is true, else `no`."""
+    return jax.tree.map(lambda a, b: jnp.where(rows.reshape(-1, *[1] * (a.ndim - 1)), a, b),
+                        yes, no)  # fmt: skip
+
+
+def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k: int):
+    """Frame stacks `[B, k, ...]` of the observation at `starts` and of the next
+    one: the stack at `following` (the n-th next step), or, where the transition
+    `ended` at the step `last`, that episode's frames up to `last` and then the
+    final observation. The times are chosen first, so each stack is one gather."""
+    steps = state.experience
+
+    def done_at(e: jax.Array, t: jax.Array) -> jax.Array:
+        return _frames.gather(steps["terminated"], e, t) | _frames.gather(steps["truncated"], e, t)
+
+    def frames_at(times: jax.Array, count: int) -> jax.Array:
+        return _frames.frame_times(state, envs, times, count, done_at)
+
+    until_end = jnp.concatenate([frames_at(last, k - 1), last[:, None]], axis=1)
+    next_at = jnp.where(ended[:, None], until_end, frames_at(following, k))
+
+    def stack(at: jax.Array) -> PyTree:
+        return jax.tree.map(lambda x: _frames.gather(x, envs[:, None], at), steps["obs"])
+
+    next_obs = stack(next_at)
+    newest = _where_rows(ended, final, jax.tree.map(lambda x: x[:, -1], next_obs))
+    next_obs = jax.tree.map(lambda x, f: x.at[:, -1].set(f), next_obs, newest)
+    return stack(frames_at(starts, k)), next_obs
 
 
 def _init(num_envs: int, capacity: int, k: int):
@@ -256,7 +292,7 @@ def _one_step(num_envs: int):
     return expand
 
 
-def _layout(config: dict) -> _buffers.Layout:
+def _layout(config: dict, k: int) -> _buffers.Layout:
     num_envs, capacity, _, n, discount, min_episode_length, min_size = config.values()
 
     def counts(state):
@@ -274,7 +310,7 @@ def _layout(config: dict) -> _buffers.Layout:
 
     def expand(state, where):
         envs, starts = where
-        transition, length = n_step_at(state, envs, starts, n, discount)
+        transition, length = n_step_at(state, envs, starts, n, discount, k)
         return transition, None, length
 
     place, flatten = _buffers.splitter(capacity)
@@ -304,6 +340,7 @@ def make_transition_buffer(
     discount: float = 0.99,
     min_episode_length: int = 1,
     min_size: int | None = None,
+    frames: Mapping[str, int] | None = None,
     sampler: Sampler = _buffers.DEFAULT_SAMPLER,
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
@@ -327,6 +364,11 @@ def make_transition_buffer(
       min_episode_length: the shortest episode expected, sizing the side ring.
       min_size: steps per environment from which `can_sample` is true; at least
         (and by default) `n_step + 1`.
+      frames: `{"obs": k}`: `obs` and `next_obs` come as stacks of `k` frames,
+        `[B, k, ...]`, never reaching before the episode's first step (whose
+        frame stands in) or the oldest stored step; a `next_obs` after an
+        episode end stacks that episode's last frames and its final observation.
+        Storage keeps one frame per step.
 
     Returns:
       A `Buffer`: `init(example)` with one `Transition` (or a dict with its field
@@ -354,6 +396,12 @@ def make_transition_buffer(
         num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
     sampler = _buffers.check_sampler(sampler)
+    stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
     return _buffers.assemble(
-        _layout(config), sampler, config["sample_batch_size"], kind="transition", **config
+        _layout(config, stacks.get("obs", 1)),
+        sampler,
+        config["sample_batch_size"],
+        kind="transition",
+        **config,
+        frames=stacks or None,
     )

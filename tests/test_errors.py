@@ -30,7 +30,7 @@ def good_items(batch=2):
         (dict(sample_batch_size=0), ValueError, "sample_batch_size must be in [1,"),
         (dict(min_size=0), ValueError, "min_size must be in [1,"),
         (dict(min_size=11), ValueError, "min_size=11 exceeds capacity=10"),
-        (dict(sampler="uniform"), TypeError, "sampler must be jaxbuf.uniform(...) or jaxbuf"),
+        (dict(sampler="uniform"), TypeError, "or jaxbuf.epochs(), got str"),
         (dict(truncate_ok=1), TypeError, "truncate_ok must be a bool, got 1 of type int"),
         (
             dict(sample_batch_size=11, sampler=jaxbuf.uniform(replacement=False)),
@@ -217,7 +217,7 @@ def test_vectorize_validates_its_arguments():
         (
             lambda: jaxbuf.make_trajectory_buffer(2, 8, 4, 2, sampler=jaxbuf.prioritized),
             TypeError,
-            "sampler must be jaxbuf.uniform(...) or jaxbuf.prioritized(...), got function",
+            "jaxbuf.prioritized(...) or jaxbuf.epochs(), got function",
         ),
     ],
 )
