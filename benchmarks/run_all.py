@@ -27,7 +27,8 @@ SCRIPTS = (
     "bench_gae",
     "bench_sharding",
     "bench_dataset",
-    "bench_checkpoint",  # needs about 10 GiB of host memory
+    "bench_checkpoint",  # needs about 14 GiB of host memory (Orbax restoring 6 GiB)
+    "bench_frames",
 )
 
 
