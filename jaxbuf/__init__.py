@@ -14,6 +14,7 @@ from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._episode import EpisodeRecords, make_episode_buffer
 from jaxbuf._export import export, read_export, stored_items, to_torch
 from jaxbuf._mix import mix
+from jaxbuf._prefill import Environment, gymnax_env, prefill
 from jaxbuf._queue import Queue, QueueState, make_queue
 from jaxbuf._rate_limit import RateLimiter, RateLimiterState, sample_to_insert_ratio
 from jaxbuf._replay import from_data, make_replay_buffer
@@ -57,6 +58,7 @@ __all__ = [
     "CanSampleFn",
     "Config",
     "DatasetWriter",
+    "Environment",
     "EpisodeRecords",
     "EpochState",
     "FinalObservations",
@@ -83,6 +85,7 @@ __all__ = [
     "export",
     "from_data",
     "gae",
+    "gymnax_env",
     "lambda_returns",
     "load_metadata",
     "make_episode_buffer",
@@ -94,6 +97,7 @@ __all__ = [
     "mix",
     "n_step_returns",
     "per_shard",
+    "prefill",
     "prioritized",
     "read_dataset",
     "read_export",
