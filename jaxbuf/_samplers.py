@@ -383,9 +383,14 @@ def epochs() -> Sampler:
             drawable, jax.random.bits(key, slots.shape, jnp.uint32) >> 1, jnp.uint32(2**31)
         )
         size = jnp.sum(drawable, dtype=jnp.int32)
-        return EpochState(order=jnp.argsort(ranks).astype(jnp.int32), member=drawable,
-                          size=size, cursor=jnp.int32(0),
-                          epoch=_validation.count_up(state.sampler.epoch, size > 0))  # fmt: skip
+        fresh = EpochState(order=jnp.argsort(ranks).astype(jnp.int32), member=drawable,
+                           size=size, cursor=jnp.int32(0),
+                           epoch=_validation.count_up(state.sampler.epoch, size > 0))  # fmt: skip
+        # Under `shard_map` both branches of the `cond` must vary over the same mesh
+        # axes: a `where` on the old state gives each new leaf the old one's (it
+        # selects the new value everywhere; XLA drops it).
+        return jax.tree.map(lambda new, old: jnp.where(old == old, new, new), fresh,
+                            state.sampler)  # fmt: skip
 
     def draw(layout, state, key, count: int) -> Drawn:
         current = state.sampler

@@ -122,3 +122,14 @@ def test_epochs_work_vectorized_from_config_and_through_checkpoints(tmp_path):
         seen += got.experience[got.valid].tolist()
     assert sorted(seen) == list(range(10))
     assert buffer.config.sampler == {"kind": "epochs"}
+
+
+def test_epochs_work_in_a_sharded_buffer():
+    mesh = jax.make_mesh((1,), ("data",))
+    sharded = jaxbuf.shard(jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs()), mesh, "data")
+    state = sharded.add(sharded.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
+    seen = []
+    for call in range(2):  # one pass: 4 + 2
+        state, batch = sharded.next_batch(state, jax.random.key(call))
+        seen += np.asarray(batch.experience)[np.asarray(batch.valid)].tolist()
+    assert sorted(seen) == list(range(6)) and state.sampler.epoch.tolist() == [1]
