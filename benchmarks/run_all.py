@@ -29,6 +29,7 @@ SCRIPTS = (
     "bench_dataset",
     "bench_checkpoint",  # needs about 14 GiB of host memory (Orbax restoring 6 GiB)
     "bench_frames",
+    "bench_options",  # the epochs sampler and the rate limiter against plain replay
 )
 
 
