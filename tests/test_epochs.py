@@ -85,10 +85,10 @@ def test_every_anchor_once_per_pass_with_adds_between(kind):
 def test_passes_are_shuffled_differently_and_sample_peeks():
     buffer = jaxbuf.make_replay_buffer(64, 16, sampler=jaxbuf.epochs())
     state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(64, dtype=jnp.int32))
-    orders = []
+    orders, sample, next_batch = [], jax.jit(buffer.sample), jax.jit(buffer.next_batch)
     for call in range(8):
-        peek = buffer.sample(state, jax.random.key(call))
-        state, got = buffer.next_batch(state, jax.random.key(call))
+        peek = sample(state, jax.random.key(call))
+        state, got = next_batch(state, jax.random.key(call))
         np.testing.assert_array_equal(peek.experience, got.experience)
         orders.append(got.experience.tolist())
     first = [i for order in orders[:4] for i in order]
@@ -127,9 +127,10 @@ def test_epochs_work_vectorized_from_config_and_through_checkpoints(tmp_path):
 def test_epochs_work_in_a_sharded_buffer():
     mesh = jax.make_mesh((1,), ("data",))
     sharded = jaxbuf.shard(jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs()), mesh, "data")
-    state = sharded.add(sharded.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
+    add, next_batch = jax.jit(sharded.add), jax.jit(sharded.next_batch)  # one trace each
+    state = add(sharded.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
     seen = []
     for call in range(2):  # one pass: 4 + 2
-        state, batch = sharded.next_batch(state, jax.random.key(call))
+        state, batch = next_batch(state, jax.random.key(call))
         seen += np.asarray(batch.experience)[np.asarray(batch.valid)].tolist()
     assert sorted(seen) == list(range(6)) and state.sampler.epoch.tolist() == [1]
