@@ -13,12 +13,10 @@ Run: `python benchmarks/bench_frames.py [--quick] [--out benchmarks/results]`.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, write_results
+from common import command_line, interleaved_times, write_results
 
 import jaxbuf
 
@@ -47,20 +45,6 @@ def filled(stored_once: bool, per_env: int):
     return buffer, jax.block_until_ready(state)
 
 
-def timed(fns: dict, calls: int, repeats: int) -> dict:
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times: dict[str, list] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                out = fn()
-            jax.block_until_ready(out)
-            times[name].append((time.perf_counter() - start) / calls)
-    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
-
-
 def main() -> None:
     args = command_line(__doc__)
     per_env = 1000 if args.quick else 6000
@@ -73,7 +57,8 @@ def main() -> None:
         sample = jax.jit(buffer.sample)
         keys = iter(jax.random.split(jax.random.key(1), 100_000))
         samplers[name] = lambda sample=sample, state=state, keys=keys: sample(state, next(keys))
-    times = timed(samplers, 20 if args.quick else 100, 3 if args.quick else 9)
+    calls, repeats = (20, 3) if args.quick else (100, 9)
+    times = interleaved_times({n: (f, calls) for n, f in samplers.items()}, repeats)
     rows = []
     for name, (_, state) in cases.items():
         nbytes = sum(x.nbytes for x in jax.tree.leaves(state))

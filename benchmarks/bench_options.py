@@ -17,30 +17,13 @@ Run: `python benchmarks/bench_options.py [--quick] [--out benchmarks/results]`.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
-import numpy as np
-from common import command_line, write_results
+from common import command_line, interleaved_times, write_results
 
 import jaxbuf
 
 CAPACITY, BATCH, ADD = 100_000, 256, 8
-
-
-def timed(fns: dict, calls: int, repeats: int) -> dict:
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times: dict[str, list] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                out = fn()
-            jax.block_until_ready(out)
-            times[name].append((time.perf_counter() - start) / calls)
-    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
 
 
 def full(sampler):
@@ -60,8 +43,9 @@ def epochs_case(calls: int, repeats: int) -> dict:
         holder[0], batch = next_batch(holder[0], next(keys))
         return batch
 
-    return timed({"uniform sample": lambda: sample(ustate, next(keys)),
-                  "epochs next_batch": advance}, calls, repeats)  # fmt: skip
+    cases = {"uniform sample": (lambda: sample(ustate, next(keys)), calls),
+             "epochs next_batch": (advance, calls)}  # fmt: skip
+    return interleaved_times(cases, repeats)
 
 
 def limiter_case(calls: int, repeats: int) -> dict:
@@ -98,7 +82,7 @@ def limiter_case(calls: int, repeats: int) -> dict:
             return totals
 
         runs[name] = run
-    out = timed(runs, calls, repeats)
+    out = interleaved_times({n: (f, calls) for n, f in runs.items()}, repeats)
     return {name: (m / 1000, f / 1000) for name, (m, f) in out.items()}  # per step
 
 

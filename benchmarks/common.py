@@ -96,8 +96,9 @@ def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str
     print(f"wrote {stem}.json and {stem}.md")
 
 
-def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repeats: int):
-    """Median seconds per call of each case; the cases take turns in every repeat.
+def interleaved_times(cases: dict[str, tuple[Callable[[], object], int]], repeats: int):
+    """`(median, fastest)` seconds per call of each case; the cases take turns in
+    every repeat.
 
     Args:
       cases: name -> (a function doing one call, calls per repeat).
@@ -115,7 +116,12 @@ def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repe
                 fn()
             jax.block_until_ready(fn())
             times[name].append((time.perf_counter() - start) / calls)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
+
+
+def interleaved_medians(cases: dict[str, tuple[Callable[[], object], int]], repeats: int):
+    """Median seconds per call of each case (see `interleaved_times`)."""
+    return {name: median for name, (median, _) in interleaved_times(cases, repeats).items()}
 
 
 def run_scan(body, carry, xs) -> Callable[[], object]:
