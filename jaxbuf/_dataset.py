@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _checkpoint, _config, _export, _storage, _sumtree, _validation
+from jaxbuf import _checkpoint, _export, _replay, _storage, _sumtree, _validation
 from jaxbuf._episode import EpisodeRecords
 from jaxbuf._samplers import PriorityState
 from jaxbuf._storage import RingState, TimeRingState
@@ -348,9 +348,4 @@ def dataset_to_state(
     columns = _read_columns(path, start, stop)
     items = {name: v for name, v in columns.items() if name.split("/")[0] not in _export.LABELS}
     data = jax.tree.map(jnp.asarray, _nest(items, beside_labels=False))
-    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
-    state = buffer.init(spec)
-    (count,) = _validation.check_batch(spec, data, [("N", None)], what="the dataset")
-    _storage.check_fits(count, buffer.config.capacity, truncate_ok, "the dataset range")
-    filler = _config.buffer_from_config({**buffer.config, "truncate_ok": True})
-    return filler.add(state, data)
+    return _replay.fill(buffer, data, truncate_ok, "the dataset range")

@@ -117,14 +117,6 @@ def _exact(value: float) -> Any:
     return fractions.Fraction(value) if math.isfinite(value) else value
 
 
-def _add(counter: jax.Array, amount: jax.Array) -> jax.Array:
-    """`counter + amount` in int32, saturating at +-(2**31 - 1) instead of wrapping."""
-    total = counter + amount
-    wrapped = ((counter >= 0) == (amount >= 0)) & ((total >= 0) != (counter >= 0))
-    bound = jnp.int32(_validation.MAX_INT32)
-    return jnp.where(wrapped, jnp.where(counter >= 0, bound, -bound), total)
-
-
 # Counts per call are capped here, so that `count * p` and `count * q` fit int32.
 MAX_COUNT = _validation.MAX_INT32 // 1000
 
@@ -198,22 +190,22 @@ def sample_to_insert_ratio(
         """bool scalar: whether `num_inserts` more items may be inserted now."""
         n = _count("num_inserts", num_inserts)
         filling = _validation.count_up(state.size, n) <= min_size
-        return filling | (_add(state.credit, p * n) <= most)
+        return filling | (_validation.count_up(state.credit, p * n) <= most)
 
     def can_sample(state: RateLimiterState, num_samples: Any = 1) -> jax.Array:
         """bool scalar: whether `num_samples` items may be sampled now."""
         n = _count("num_samples", num_samples)
-        return (state.size >= min_size) & (_add(state.credit, -q * n) >= least)
+        return (state.size >= min_size) & (_validation.count_up(state.credit, -q * n) >= least)
 
     def inserted(state: RateLimiterState, n: Any) -> RateLimiterState:
         """The state after `n` items were inserted."""
         n = _count("n", n)
         return state.replace(size=_validation.count_up(state.size, n),
-                             credit=_add(state.credit, p * n))  # fmt: skip
+                             credit=_validation.count_up(state.credit, p * n))  # fmt: skip
 
     def sampled(state: RateLimiterState, n: Any) -> RateLimiterState:
         """The state after `n` items were sampled (a batch of B counts B)."""
-        return state.replace(credit=_add(state.credit, -q * _count("n", n)))
+        return state.replace(credit=_validation.count_up(state.credit, -q * _count("n", n)))
 
     def deleted(state: RateLimiterState, n: Any) -> RateLimiterState:
         """The state after `n` items left the buffer (a queue's `pop`, say)."""

@@ -138,13 +138,25 @@ def from_data(
                 f"data{jax.tree_util.keystr(path)} has shape (); from_data needs "
                 "leaves [N, *item_shape] with the items along the first axis."
             )
+    count = jax.tree.leaves(data)[0].shape[0]
+    buffer = make_replay_buffer(
+        count if capacity is None else capacity, sample_batch_size, **options
+    )
+    return buffer, fill(buffer, data, truncate_ok, "data")
+
+
+def fill(buffer: Buffer, data: PyTree, truncate_ok: bool, what: str) -> RingState:
+    """A state of the replay `buffer` holding `data` (leaves `[N, *item]`) in order,
+    as one `add`; more than `capacity` items keep the newest if `truncate_ok`, else
+    raise (naming `what`)."""
     spec = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape[1:], jax.dtypes.canonicalize_dtype(x.dtype)),
         data,
     )
-    (count,) = _validation.check_batch(spec, data, [("N", None)], what="data")
-    capacity = count if capacity is None else capacity
-    buffer = make_replay_buffer(capacity, sample_batch_size, **options)
-    _storage.check_fits(count, buffer.config.capacity, truncate_ok, "data")
-    filler = make_replay_buffer(capacity, sample_batch_size, **{**options, "truncate_ok": True})
-    return buffer, jax.jit(filler.add, donate_argnums=0)(buffer.init(spec), data)
+    (count,) = _validation.check_batch(spec, data, [("N", None)], what=what)
+    _storage.check_fits(count, buffer.config.capacity, truncate_ok, what)
+    config = buffer.config
+    filler = make_replay_buffer(config.capacity, config.sample_batch_size,
+                                min_size=config.min_size, sampler=buffer.sampler,
+                                truncate_ok=True)  # fmt: skip
+    return jax.jit(filler.add, donate_argnums=0)(buffer.init(spec), data)

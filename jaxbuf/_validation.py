@@ -71,10 +71,13 @@ def check_real(name: str, value: Any) -> float:
 
 
 def count_up(counter: jax.Array, amount: Any) -> jax.Array:
-    """`counter + amount` for an int32 event counter, saturating at `MAX_INT32`
-    (it never wraps negative; `amount` is non-negative)."""
+    """`counter + amount` in int32, saturating at +-`MAX_INT32` instead of wrapping
+    (an event counter with a non-negative `amount` never goes negative)."""
     amount = jnp.asarray(amount, jnp.int32)
-    return jnp.where(counter > MAX_INT32 - amount, MAX_INT32, counter + amount)
+    total = counter + amount
+    wrapped = ((counter >= 0) == (amount >= 0)) & ((total >= 0) != (counter >= 0))
+    bound = jnp.int32(MAX_INT32)
+    return jnp.where(wrapped, jnp.where(counter >= 0, bound, -bound), total)
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _config, _storage
+from jaxbuf import _replay, _storage
 from jaxbuf._types import Buffer, PyTree
 
 SUPPORTED_MAJOR = 1  # Flashbax writes version 1.2; og-marl's Vaults are 1.x too
@@ -165,15 +165,10 @@ def vault_to_state(
     capacity = buffer.config.capacity
     if kind == "replay":
         data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), data)
-        _storage.check_fits(trajectories * steps, capacity, truncate_ok, "the Vault range")
-        example = jax.tree.map(lambda x: x[0], data)
-    else:
-        if trajectories != buffer.config.num_envs:
-            raise ValueError(f"the Vault holds {trajectories} trajectories, but the buffer has "
-                             f"num_envs={buffer.config.num_envs}.")  # fmt: skip
-        _storage.check_fits(steps, capacity, truncate_ok, "the Vault range")
-        data = jax.tree.map(lambda x: x[:, max(0, steps - capacity) :], data)
-        example = jax.tree.map(lambda x: x[0, 0], data)
-    if kind == "replay":  # more items than capacity keep the newest, as checked above
-        buffer = _config.buffer_from_config({**buffer.config, "truncate_ok": True})
-    return buffer.add(buffer.init(example), data)
+        return _replay.fill(buffer, data, truncate_ok, "the Vault range")
+    if trajectories != buffer.config.num_envs:
+        raise ValueError(f"the Vault holds {trajectories} trajectories, but the buffer has "
+                         f"num_envs={buffer.config.num_envs}.")  # fmt: skip
+    _storage.check_fits(steps, capacity, truncate_ok, "the Vault range")
+    data = jax.tree.map(lambda x: x[:, max(0, steps - capacity) :], data)
+    return buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], data)), data)
