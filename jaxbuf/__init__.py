@@ -13,6 +13,7 @@ from jaxbuf._config import buffer_from_config
 from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._episode import EpisodeRecords, make_episode_buffer
 from jaxbuf._export import export, read_export, stored_items, to_torch
+from jaxbuf._goals import Hindsight, hindsight
 from jaxbuf._mix import mix
 from jaxbuf._prefill import Environment, gymnax_env, prefill
 from jaxbuf._queue import Queue, QueueState, make_queue
@@ -62,6 +63,7 @@ __all__ = [
     "EpisodeRecords",
     "EpochState",
     "FinalObservations",
+    "Hindsight",
     "InitFn",
     "PriorityState",
     "Queue",
@@ -86,6 +88,7 @@ __all__ = [
     "from_data",
     "gae",
     "gymnax_env",
+    "hindsight",
     "lambda_returns",
     "load_metadata",
     "make_episode_buffer",

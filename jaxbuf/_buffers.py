@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf import _storage
+from jaxbuf._goals import Relabeling
 from jaxbuf._samplers import Changes, Drawn, Sampler, uniform
 from jaxbuf._types import Buffer, Config, PyTree, Sample
 
@@ -42,6 +43,7 @@ class Layout(NamedTuple):
     place: Callable[[jax.Array], Any]
     flatten: Callable[[Any], jax.Array]
     one_step: Callable[[Any, PyTree], PyTree] | None = None
+    goals: Relabeling | None = None
 
 
 def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
@@ -97,17 +99,33 @@ def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Ar
       `Transition` of `[B, ...]` leaves (n-step transitions, with `length`), or
       `[B, max_length, *step]` (padded episodes, with `mask` and `length`);
       `indices` and `valid` `[B]`; `probabilities` and `weights` `[B]` with a
-      prioritized sampler. Below `min_size` the items are still drawn where
-      anything is drawable, and `valid` is false (weights 0).
+      prioritized sampler; `goal_source` with goal relabeling. Below `min_size`
+      the items are still drawn where anything is drawable, and `valid` is false
+      (weights 0).
     """
-    return _sample(layout, sampler.draw(layout, state, key, batch, **options), state)
+    key, goal_key = _split_goal_key(layout, key)
+    return _sample(layout, sampler.draw(layout, state, key, batch, **options), state, goal_key)
 
 
-def _sample(layout: Layout, drawn: Drawn, state: Any) -> Sample:
+def _split_goal_key(layout: Layout, key: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """The sampler's key and, with goal relabeling, the relabeling's."""
+    if layout.goals is None:
+        return key, None
+    draw, goals = jax.random.split(key)
+    return draw, goals
+
+
+def _sample(layout: Layout, drawn: Drawn, state: Any, goal_key: jax.Array | None) -> Sample:
     experience, mask, length = layout.expand(state, drawn.where)
+    goal_source = None
+    if goal_key is not None:
+        assert layout.goals is not None
+        goal_source = layout.goals.choose(state, drawn.where, goal_key)
+        experience = layout.goals.apply(state, drawn.where, experience, goal_source)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
-    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
+    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights,
+                  goal_source=goal_source)  # fmt: skip
 
 
 def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):
@@ -122,8 +140,9 @@ def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: ja
       `sample` gives it; rows past the end of the pass, or whose anchor was
       overwritten during the pass, are `valid` false.
     """
+    key, goal_key = _split_goal_key(layout, key)
     drawn = sampler.draw(layout, state, key, batch)
-    return state.replace(sampler=drawn.state), _sample(layout, drawn, state)
+    return state.replace(sampler=drawn.state), _sample(layout, drawn, state, goal_key)
 
 
 def can_sample(layout: Layout, sampler: Sampler, state: Any) -> jax.Array:
@@ -131,7 +150,7 @@ def can_sample(layout: Layout, sampler: Sampler, state: Any) -> jax.Array:
     return layout.ready(state) & sampler.available(layout, state)
 
 
-def take(layout: Layout, state: Any, indices: jax.Array) -> PyTree:
+def take(layout: Layout, state: Any, indices: jax.Array, goal_source: jax.Array | None = None):
     """What `sample` returned as `experience` for these `indices` (a sample's).
 
     Args:
@@ -139,6 +158,9 @@ def take(layout: Layout, state: Any, indices: jax.Array) -> PyTree:
       indices: int `[k]`, as in `Sample.indices`; values outside `[0, num_slots)`
         are clamped. For indices that are not drawable now (`valid` false) the
         result is what storage holds there, not a stored item.
+      goal_source: with goal relabeling, the sample's `goal_source` (int `[k]`
+        or `[k, max_length]`), to relabel the same goals; None gives the items
+        as stored.
 
     Returns:
       The items, leaves `[k, ...]` as in `Sample.experience`.
@@ -147,8 +169,20 @@ def take(layout: Layout, state: Any, indices: jax.Array) -> PyTree:
     if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"indices must be a 1-D integer array [k], got {indices.dtype}"
                         f"{list(indices.shape)}.")  # fmt: skip
-    slots = jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1)
-    return layout.expand(state, layout.place(slots))[0]
+    where = layout.place(jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1))
+    experience = layout.expand(state, where)[0]
+    if goal_source is None:
+        return experience
+    if layout.goals is None:
+        raise TypeError("goal_source is only for buffers made with goals=jaxbuf.hindsight(...).")
+    expected = jax.eval_shape(layout.goals.choose, state, where, jax.random.key(0))
+    goal_source = jnp.asarray(goal_source)
+    if goal_source.shape != expected.shape or not jnp.issubdtype(goal_source.dtype, jnp.integer):
+        raise TypeError(
+            f"goal_source must be an integer array {list(expected.shape)} (a "
+            f"sample's), got {goal_source.dtype}{list(goal_source.shape)}."
+        )
+    return layout.goals.apply(state, where, experience, goal_source.astype(jnp.int32))
 
 
 def set_priorities(layout: Layout, sampler: Sampler, state: Any, indices, priorities) -> Any:

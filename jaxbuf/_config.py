@@ -11,6 +11,7 @@ from typing import Any
 
 from jaxbuf._buffers import DoneKey
 from jaxbuf._episode import make_episode_buffer
+from jaxbuf._goals import hindsight
 from jaxbuf._queue import make_queue
 from jaxbuf._replay import make_replay_buffer
 from jaxbuf._rollout import make_rollout_buffer
@@ -97,6 +98,19 @@ def _sampler(options: dict) -> dict:
     return {"sampler": factory(**config)}
 
 
+def _goals(options: dict) -> dict:
+    """`goals` as a `Hindsight`: a mapping of `jaxbuf.hindsight`'s arguments (its
+    `reward_fn` and `terminal_fn` are functions, so only a dict can hold them)."""
+    config = options.pop("goals", None)
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config['goals'] is a mapping, got {type(config).__name__}.")
+    config = {k: v for k, v in config.items() if v is not None}
+    _check_keys("goals (hindsight)", hindsight, config, ())
+    return {"goals": hindsight(**config)}
+
+
 def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     """Builds a buffer from a configuration dict or file, validated.
 
@@ -106,7 +120,9 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     kinds an optional `"sampler": {"kind": "uniform" | "prioritized", ...}` with
     the arguments of `jaxbuf.uniform` or `jaxbuf.prioritized`, and for kinds
     with a `done_fn` a `"done_key"`: the `/`-separated path of the bool leaf of
-    a step that ends an episode (the file form of `done_fn`). A replay
+    a step that ends an episode (the file form of `done_fn`), and for transition
+    and episode buffers an optional `"goals"` mapping of `jaxbuf.hindsight`'s
+    arguments (with its `reward_fn`, so in a dict, not a file). A replay
     configuration may add `num_buffers` to get `vectorize(buffer, num_buffers)`.
     Values are checked by the factories, whose errors name the argument; keys
     are checked here. `buffer_from_config(buffer.config)` rebuilds a buffer.
@@ -145,6 +161,6 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     done_key = options.pop("done_key", None)
     if done_key is not None:
         options["done_fn"] = DoneKey(done_key)
-    sampler = _sampler(options)
-    buffer = factory(**options, **sampler)
+    sampler, goals = _sampler(options), _goals(options)
+    buffer = factory(**options, **sampler, **goals)
     return buffer if num_buffers is None else vectorize(buffer, num_buffers)

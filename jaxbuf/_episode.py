@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
 from jaxbuf._samplers import Changes, Sampler
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -147,9 +147,12 @@ def _writer(num_envs: int, capacity: int, done_fn):
     return write
 
 
-def _init(num_envs: int, capacity: int, k: int, frames: dict):
+def _init(num_envs: int, capacity: int, k: int, frames: dict, goals: _goals.Hindsight | None):
     def init(example_step: PyTree) -> TimeRingState:
         _frames.check_leaves(frames, example_step, "the example step")
+        if goals is not None:
+            spec = _validation.item_spec(example_step, "example_step")
+            _goals.check(goals, spec, "the example step", episode=True)
         per_env = jnp.zeros(num_envs, jnp.int32)
         side = EpisodeRecords(
             first_step=jnp.zeros((num_envs, k), jnp.uint32),
@@ -184,7 +187,7 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     return jax.tree.map(zero_padding, experience), mask, length
 
 
-def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
+def _layout(config: dict, done_fn, frames: dict, goals) -> _buffers.Layout:
     num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
     k = math.ceil(capacity / min_episode_length)
 
@@ -199,7 +202,7 @@ def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
         return rank < state.side.size[envs]
 
     return _buffers.Layout(
-        init=_init(num_envs, capacity, k, frames),
+        init=_init(num_envs, capacity, k, frames, goals),
         write=_writer(num_envs, capacity, done_fn),
         num_slots=num_envs * k,
         groups=num_envs,
@@ -211,6 +214,7 @@ def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
         place=place,
         flatten=flatten,
         one_step=_trajectory.one_step(num_envs),
+        goals=None if goals is None else _goals.episode_relabeling(goals, max_length),
     )
 
 
@@ -224,6 +228,7 @@ def make_episode_buffer(
     min_episodes: int = 1,
     min_episode_length: int = 1,
     frames: Mapping[str, int] | None = None,
+    goals: _goals.Hindsight | None = None,
     sampler: Sampler = _buffers.DEFAULT_SAMPLER,
 ) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
@@ -253,6 +258,11 @@ def make_episode_buffer(
       frames: `{leaf name: k}`: each step's leaf comes stacked over its last `k`
         steps, `[B, max_length, k, ...]`, the episode's first frame standing in
         for steps before it (see `jaxbuf._frames`); storage keeps one frame per step.
+      goals: `jaxbuf.hindsight(reward_fn, ...)`: each step of a sampled episode
+        gets, with probability `ratio`, a goal achieved in the same episode as its
+        desired goal, and its reward (and termination) recomputed; the paths name
+        leaves of the step (see `jaxbuf.hindsight`). `goal_source` is
+        `[B, max_length]`.
 
     Returns:
       An `EpisodeBuffer`: `init(example_step)`, `add(state, steps)` with leaves
@@ -277,7 +287,20 @@ def make_episode_buffer(
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
+    _check_goals(goals, stacks)
     return _buffers.assemble(
-        _layout(config, done_fn, stacks), sampler, config["sample_batch_size"], kind="episode",
-        **config, **_buffers.done_config(done_fn), frames=stacks or None,
+        _layout(config, done_fn, stacks, goals), sampler, config["sample_batch_size"],
+        kind="episode", **config, **_buffers.done_config(done_fn), frames=stacks or None,
+        goals=None if goals is None else goals.config,
     )  # fmt: skip
+
+
+def _check_goals(goals: _goals.Hindsight | None, frames: dict) -> None:
+    goals = _goals.check_option(goals)
+    if goals is None:
+        return
+    paths = [goals.achieved, *goals.desired, goals.reward]
+    stacked = sorted({p[0] for p in paths if p[0] in frames})
+    if stacked:
+        raise ValueError(f"frames stack {stacked}, which hindsight's paths use; stack other "
+                         "leaves (a goal is not a frame).")  # fmt: skip

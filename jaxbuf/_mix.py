@@ -103,7 +103,9 @@ def _concatenate(parts: list[Sample]) -> Sample:
     weights = [p.valid.astype(jnp.float32) if p.weights is None else p.weights for p in parts]
     parts = [p.replace(weights=w, source=None) for p, w in zip(parts, weights, strict=True)]
     fields = {}
-    for name in ("experience", "indices", "valid", "mask", "length", "probabilities", "weights"):
+    names = ("experience", "indices", "valid", "mask", "length", "probabilities", "weights",
+             "goal_source")  # fmt: skip
+    for name in names:
         values = [getattr(p, name) for p in parts]
         if all(v is not None for v in values):
             fields[name] = jax.tree.map(lambda *x: jnp.concatenate(x), *values)

@@ -41,6 +41,7 @@ class _Role(NamedTuple):
 
     args: tuple[str, ...]
     result: Any
+    optional: int = 0  # how many of the last `args` may be left out
 
 
 ROLES = {
@@ -50,7 +51,7 @@ ROLES = {
     "finish": _Role(("state", "data"), "state"),
     "clear": _Role(("state",), "state"),
     "sample": _Role(("state", "key"), "batch"),
-    "take": _Role(("state", "data"), "batch"),
+    "take": _Role(("state", "data", "data"), "batch", optional=1),
     "minibatches": _Role(("state", "key"), "minibatches"),
     "pop": _Role(("state",), ("state", "batch")),
     "next_batch": _Role(("state", "key"), ("state", "batch")),
@@ -260,7 +261,7 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
         role = ROLES[name]
 
         def sharded(*args, **kwargs):
-            if len(args) < len(role.args):
+            if len(args) < len(role.args) - role.optional:
                 raise TypeError(f"{name} takes ({', '.join(role.args)}, ...), got {len(args)} "
                                 "positional arguments.")  # fmt: skip
             moved, specs = _placed(name, role, args, count, axis_name, place)
@@ -295,11 +296,12 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
 def _placed(name: str, role: _Role, args: tuple, count: int, axis_name: str, place) -> tuple:
     """The role's positional arguments checked and laid out, and their specs."""
     moved, specs = [], []
+    names = iter(_ARGUMENT_NAMES.get(name, ("data", "data")))
     for kind, value in zip(role.args, args, strict=False):
         if kind == "state":
             _check_state(value, count, axis_name)
-        elif kind == "data":
-            _check_split(value, count, _ARGUMENT_NAMES.get(name, "data"), axis_name)
+        elif kind == "data" and value is not None:
+            _check_split(value, count, next(names), axis_name)
         spec = P() if kind == "key" else P(axis_name)
         if kind != "state":  # a state from `init` is laid out already; moving
             # it again would make XLA copy it beside the original
@@ -325,7 +327,10 @@ def _noting_shards(fn: Any, count: int, axis_name: str) -> Any:
     return noted
 
 
-_ARGUMENT_NAMES = {"add": "items", "add_step": "step", "finish": "last_value", "take": "indices"}
+_ARGUMENT_NAMES = {
+    "add": ("items",), "add_step": ("step",), "finish": ("last_value",),
+    "take": ("indices", "goal_source"), "set_priorities": ("data", "data"),
+}  # fmt: skip
 
 
 def _check_state(state: Any, count: int, axis_name: str) -> None:

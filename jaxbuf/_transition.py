@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
 from jaxbuf._samplers import Sampler
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree, Transition
@@ -244,11 +244,13 @@ def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k
     return stack(frames_at(starts, k)), next_obs
 
 
-def _init(num_envs: int, capacity: int, k: int):
+def _init(num_envs: int, capacity: int, k: int, goals: _goals.Hindsight | None):
     def init(example: Transition | Mapping) -> TimeRingState:
         example = _as_transition(example, "example")
         _check_example(example)
         spec = _validation.item_spec(example, "example")
+        if goals is not None:
+            _goals.check(goals, spec.obs, "example.obs", episode=False)
         per_env = jnp.zeros(num_envs, jnp.int32)
         side = FinalObservations(
             experience=_storage.allocate(spec.obs, num_envs, k),
@@ -292,7 +294,7 @@ def _one_step(num_envs: int):
     return expand
 
 
-def _layout(config: dict, k: int) -> _buffers.Layout:
+def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _buffers.Layout:
     num_envs, capacity, _, n, discount, min_episode_length, min_size = config.values()
 
     def counts(state):
@@ -316,7 +318,7 @@ def _layout(config: dict, k: int) -> _buffers.Layout:
     place, flatten = _buffers.splitter(capacity)
 
     return _buffers.Layout(
-        init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length)),
+        init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length), goals),
         write=_writer(num_envs, capacity, n + 1),
         num_slots=num_envs * capacity,
         groups=num_envs,
@@ -328,6 +330,7 @@ def _layout(config: dict, k: int) -> _buffers.Layout:
         place=place,
         flatten=flatten,
         one_step=_one_step(num_envs),
+        goals=None if goals is None else _goals.transition_relabeling(goals, discount),
     )
 
 
@@ -341,6 +344,7 @@ def make_transition_buffer(
     min_episode_length: int = 1,
     min_size: int | None = None,
     frames: Mapping[str, int] | None = None,
+    goals: _goals.Hindsight | None = None,
     sampler: Sampler = _buffers.DEFAULT_SAMPLER,
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
@@ -369,6 +373,10 @@ def make_transition_buffer(
         frame stands in) or the oldest stored step; a `next_obs` after an
         episode end stacks that episode's last frames and its final observation.
         Storage keeps one frame per step.
+      goals: `jaxbuf.hindsight(reward_fn, ...)`: relabel the desired goal of a
+        `ratio` of the sampled transitions with a goal achieved in the same
+        episode (see `jaxbuf.hindsight`); the observation must be a dict holding
+        the goal leaves. One-step transitions only (`n_step=1`), without `frames`.
 
     Returns:
       A `Buffer`: `init(example)` with one `Transition` (or a dict with its field
@@ -397,11 +405,29 @@ def make_transition_buffer(
     )
     sampler = _buffers.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
+    _check_goals(goals, config["n_step"], stacks)
     return _buffers.assemble(
-        _layout(config, stacks.get("obs", 1)),
+        _layout(config, stacks.get("obs", 1), goals),
         sampler,
         config["sample_batch_size"],
         kind="transition",
         **config,
         frames=stacks or None,
+        goals=None if goals is None else goals.config,
     )
+
+
+def _check_goals(goals: _goals.Hindsight | None, n_step: int, frames: dict) -> None:
+    goals = _goals.check_option(goals)
+    if goals is None:
+        return
+    if n_step != 1:
+        raise ValueError(f"goals relabel one-step transitions; got n_step={n_step} (an n-step "
+                         "return under a new goal would need every step's reward recomputed "
+                         "and is off-policy biased; use n_step=1).")  # fmt: skip
+    if frames:
+        raise ValueError("goals and frames cannot be combined in a transition buffer: the "
+                         "goal leaves live in the stacked observation.")  # fmt: skip
+    if goals.terminated is not None or goals.reward != ("reward",):
+        raise ValueError("a transition buffer's hindsight takes no reward= or terminated= "
+                         "paths: it rewrites the Transition's reward and terminated.")  # fmt: skip

@@ -141,6 +141,10 @@ class Sample(struct.PyTreeNode):
         sampler); else None.
       source: int32 `[B]`, which buffer of a vectorized or mixed set each item
         came from; else None.
+      goal_source: int32 `[B]` (transitions) or `[B, max_length]` (episode
+        steps) with `goals=jaxbuf.hindsight(...)`: the step `env * capacity +
+        time` whose achieved goal became the desired goal, -1 where the goal was
+        not relabeled; `take(state, indices, goal_source)` accepts it. Else None.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -159,6 +163,13 @@ class Sample(struct.PyTreeNode):
     probabilities: jax.Array | None = None
     weights: jax.Array | None = None
     source: jax.Array | None = None
+    goal_source: jax.Array | None = None
+
+    @property
+    def relabeled(self) -> jax.Array | None:
+        """bool, where the desired goal was relabeled (`goal_source >= 0`); None
+        without goal relabeling."""
+        return None if self.goal_source is None else self.goal_source >= 0
 
 
 class Transition(struct.PyTreeNode):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxbuf import _buffers, _storage, _validation
 from jaxbuf._buffers import Layout
+from jaxbuf._goals import Relabeling
 from jaxbuf._samplers import Changes
 from jaxbuf._types import Buffer, PyTree
 
@@ -97,7 +98,23 @@ def lift(layout: Layout, count: int) -> Layout:
         init, write, count * slots, count * groups, counts, slot, usable, expand, ready, place,
         lambda where: where[0] * slots + layout.flatten(where[1]),
         None if layout.one_step is None else one_step,
+        None if layout.goals is None else _lift_goals(layout.goals),
     )  # fmt: skip
+
+
+def _lift_goals(goals: Relabeling) -> Relabeling:
+    """Relabeling of items `(buffer, local where)`, each in its own buffer."""
+
+    def choose(state, where, key):
+        which, local = where
+        return _pick(jax.vmap(lambda s: goals.choose(s, local, key))(_inner(state)), which)
+
+    def apply(state, where, experience, goal_source):
+        which, local = where
+        per = jax.vmap(lambda s: goals.apply(s, local, experience, goal_source))(_inner(state))
+        return _pick(per, which)
+
+    return Relabeling(choose, apply)
 
 
 def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
