@@ -1,4 +1,4 @@
-"""What the epochs sampler and the rate limiter cost, against plain uniform replay.
+"""What the epochs sampler, the rate limiter and goal relabeling cost, against plain buffers.
 
 - epochs: `next_batch` of a replay buffer with `sampler=jaxbuf.epochs()` against
   `sample` with the uniform sampler, capacity 1e5 full of {obs: float32[64]},
@@ -8,6 +8,11 @@
 - rate limiter: a jitted `lax.scan` of 1000 steps that adds 8 items and samples
   256, with and without `sample_to_insert_ratio(32, ...)` gating both through
   `lax.cond` (the limiter lets every step through, so the work is the same).
+- hindsight: `sample` of a transition buffer with `goals=jaxbuf.hindsight(...,
+  strategy="future", ratio=0.8)` against the same buffer without, 16
+  environments x 2**14 steps of bit-flipping observations (two bool[50] goals)
+  with episodes of 50 steps, B = 256. Relabeling adds a binary search over the
+  side ring per item, a read of the source's achieved goal and the reward_fn.
 
 Both variants of a case take turns in every timed round; the table gives the
 median and the fastest round.
@@ -86,12 +91,45 @@ def limiter_case(calls: int, repeats: int) -> dict:
     return {name: (m / 1000, f / 1000) for name, (m, f) in out.items()}  # per step
 
 
+def hindsight_case(calls: int, repeats: int) -> dict:
+    from jaxbuf.examples import her_bitflip
+
+    bits, num_envs, capacity = 50, 16, 2**14
+    goals = jaxbuf.hindsight(her_bitflip.reward_fn, terminal_fn=her_bitflip.success)
+    obs = {"achieved_goal": jnp.zeros(bits, bool), "desired_goal": jnp.zeros(bits, bool)}
+    example = jaxbuf.Transition(obs, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                                jnp.bool_(False), obs)  # fmt: skip
+    key = jax.random.key(3)
+    shape = (num_envs, capacity)
+    bit_leaves = {
+        name: jax.random.bernoulli(jax.random.fold_in(key, i), 0.5, (*shape, bits))
+        for i, name in enumerate(obs)
+    }
+    truncated = jnp.broadcast_to(jnp.arange(capacity) % bits == bits - 1, shape)
+    steps = jaxbuf.Transition(
+        obs=bit_leaves,
+        action=jnp.zeros(shape, jnp.int32),
+        reward=-jnp.ones(shape, jnp.float32),
+        terminated=jnp.zeros(shape, bool),
+        truncated=truncated,
+        next_obs=jax.tree.map(jnp.logical_not, bit_leaves),
+    )
+    cases = {}
+    for name, option in (("plain transition sample", None), ("hindsight sample", goals)):
+        buffer = jaxbuf.make_transition_buffer(num_envs, capacity, BATCH, goals=option)
+        state = buffer.add(buffer.init(example), steps)
+        sample, keys = jax.jit(buffer.sample), iter(jax.random.split(key, 100_000))
+        cases[name] = (lambda s=sample, st=state, k=keys: s(st, next(k)), calls)
+    return interleaved_times(cases, repeats)
+
+
 def main() -> None:
     args = command_line(__doc__)
     calls, repeats = (20, 3) if args.quick else (391, 7)
     rows = []
     cases = {"epochs": epochs_case(calls, repeats),
-             "rate limiter": limiter_case(2 if args.quick else 5, repeats)}  # fmt: skip
+             "rate limiter": limiter_case(2 if args.quick else 5, repeats),
+             "hindsight": hindsight_case(calls, repeats)}  # fmt: skip
     for case, times in cases.items():
         base = next(iter(times.values()))
         for name, (median, fastest) in times.items():

@@ -29,7 +29,8 @@ SCRIPTS = (
     "bench_dataset",
     "bench_checkpoint",  # needs about 14 GiB of host memory (Orbax restoring 6 GiB)
     "bench_frames",
-    "bench_options",  # the epochs sampler and the rate limiter against plain replay
+    "bench_options",  # epochs, rate limiter and goal relabeling against the plain buffers
+    "bench_her",  # DQN on HER bit flipping with and without relabeling, 5 seeds (~25 min)
 )
 
 

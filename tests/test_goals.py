@@ -229,6 +229,10 @@ def test_relabeling_works_vectorized_sharded_from_config_and_through_checkpoints
     jax.tree.map(np.testing.assert_array_equal, again, got.experience)
     desired = got.experience.obs["desired_goal"]
     assert ((desired > 1000) == (got.source == 1)).all()  # goals from the item's own buffer
+    states = jax.vmap(single.add)(jax.vmap(lambda _: single.init(EXAMPLE))(jnp.arange(2)), stacked)
+    mapped = jax.vmap(single.sample)(states, jax.random.split(jax.random.key(2), 2))
+    assert mapped.goal_source.shape == (2, 32) and mapped.relabeled.all()
+    assert (mapped.experience.obs["desired_goal"][1] > 1000).all()
     restored = jaxbuf.restore(jaxbuf.save(tmp_path / "c", state, vectorized), state, vectorized)
     jax.tree.map(np.testing.assert_array_equal, vectorized.sample(restored, jax.random.key(0)),
                  got)  # fmt: skip
