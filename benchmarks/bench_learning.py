@@ -1,0 +1,85 @@
+"""What the example agents learn, over 5 seeds: every buffer kind in real training.
+
+- recurrent Q-learning (`jaxbuf.examples.rdqn_cartpole`, trajectory buffer with
+  stored recurrent state and burn-in) on CartPole-v1 without velocities, and the
+  same agent feed-forward (no memory), and with prioritized sequences: the
+  greedy return (of 500) of the parameters kept by the per-chunk check, and of
+  the last parameters, each on 32 fresh episodes;
+- SAC (`jaxbuf.examples.sac_pendulum`, transition buffer) on Pendulum-v1, and
+  the same agent with time limits stored as terminations: greedy return on 32
+  episodes;
+- offline CQL (`jaxbuf.examples.offline_cql`): DQN's 300k recorded transitions
+  through a `DatasetWriter` dataset, `dataset_to_state` and the epochs sampler;
+  greedy return on 64 episodes.
+
+Each seed's time is its wall time in this process, compilation included (the
+offline row: recording and offline training together).
+
+Run: `python benchmarks/bench_learning.py [--quick] [--out benchmarks/results]`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import numpy as np
+from common import command_line, write_results
+
+from jaxbuf.examples import offline_cql, rdqn_cartpole, sac_pendulum
+
+
+def runs(quick: bool) -> list[tuple[str, str, int, object]]:
+    """(agent, variant, seeds, run(seed) -> score or (last, selected))."""
+    tiny = {"total_timesteps": 20_000, "num_chunks": 2} if quick else {}
+    seeds = 2 if quick else 5
+    return [
+        ("recurrent Q (trajectory)", "recurrent", seeds,
+         lambda s: rdqn_cartpole.main(s, True, config=tiny)),
+        ("recurrent Q (trajectory)", "feed-forward", seeds,
+         lambda s: rdqn_cartpole.main(s, True, recurrent=False, config=tiny)),
+        ("recurrent Q (trajectory)", "recurrent, prioritized", 2,
+         lambda s: rdqn_cartpole.main(s, True, prioritized=True, config=tiny)),
+        ("SAC (transition)", "truncation bootstrapped", seeds,
+         lambda s: sac_pendulum.main(s, True, config=tiny | {"num_chunks": 2} if quick else {})),
+        ("SAC (transition)", "truncation as termination", seeds,
+         lambda s: sac_pendulum.main(s, True, True, config=tiny if quick else {})),
+        ("offline CQL (dataset, epochs)", "from DQN's recorded experience", seeds,
+         lambda s: offline_cql.main(s, True, tempfile.mkdtemp(),
+                                    config={"record_timesteps": 20_000} if quick else {})),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    args = command_line(__doc__)
+    rows = []
+    for agent, variant, seeds, run in runs(args.quick):
+        scores, last, times = [], [], []
+        for seed in range(seeds):
+            start = time.perf_counter()
+            result = run(seed)
+            times.append(time.perf_counter() - start)
+            if isinstance(result, tuple):
+                last.append(result[0])
+                result = result[1]
+            scores.append(round(float(result), 1))
+        rows.append({
+            "agent": agent, "variant": variant, "returns": scores, "lowest": min(scores),
+            "mean": float(np.mean(scores)), "last_returns": [round(x, 1) for x in last] or None,
+            "max_seconds": max(times),
+        })  # fmt: skip
+        print(rows[-1], flush=True)
+    columns = [
+        ("agent (buffer)", "agent", "{}"),
+        ("variant", "variant", "{}"),
+        ("greedy return per seed", "returns", "{}"),
+        ("lowest", "lowest", "{:.1f}"),
+        ("mean", "mean", "{:.1f}"),
+        ("last parameters per seed", "last_returns", "{}"),
+        ("slowest seed (s)", "max_seconds", "{:.0f}"),
+    ]
+    write_results(args.out, "learning", rows, columns, __doc__)
+
+
+if __name__ == "__main__":
+    main()
