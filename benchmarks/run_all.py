@@ -31,6 +31,8 @@ SCRIPTS = (
     "bench_frames",
     "bench_options",  # epochs, rate limiter and goal relabeling against the plain buffers
     "bench_her",  # DQN on HER bit flipping with and without relabeling, 5 seeds (~25 min)
+    "bench_agents",  # end-to-end training steps/s of three agents, jaxbuf against Flashbax
+    "bench_learning",  # what the example agents learn over 5 seeds (~35 min)
 )
 
 

@@ -46,6 +46,14 @@ def make_evaluate(
     return jax.jit(evaluate)
 
 
+def checksum(batch: Any) -> jax.Array:
+    """float32 sum of every leaf of a sampled batch: what a learner whose update is
+    replaced by a no-op returns, so the sample is still computed (benchmarks set
+    `config["update"] = False` to measure the buffer's share of a training step)."""
+    leaves = jax.tree.leaves(batch)
+    return sum((jnp.sum(x.astype(jnp.float32)) for x in leaves), jnp.zeros((), jnp.float32))
+
+
 def jitted_chunks(iteration: Callable, length: int) -> Callable:
     """A jitted, donated `train_chunk(runner) -> (runner, mean loss)`: `length` steps of
     `iteration(runner, _) -> (runner, loss)` in one `lax.scan`."""

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import command_line, evaluate_and_report, jitted_chunks
+from jaxbuf.examples._common import checksum, command_line, evaluate_and_report, jitted_chunks
 
 CONFIG = dict(
     num_envs=10,
@@ -96,12 +96,17 @@ def after_step(runner: Runner, config: dict, moved: dict, reward, done, learn, r
     return runner._replace(target_params=target), loss
 
 
-def make_train(config: dict, env, env_params):
+def make_train(config: dict, env, env_params, buffer: Any = None):
+    """`init(key) -> Runner`, a jitted donated `train_chunk(runner)`, and the network.
+
+    `buffer` replaces the replay buffer by one with the same functions (`init`,
+    `add`, `sample`, `can_sample`), e.g. another library's behind an adapter.
+    """
     num_actions = env.action_space(env_params).n
     network = QNetwork(num_actions, tuple(config["hidden"]))
     num_iterations = config["total_timesteps"] // config["num_envs"]
     optimizer = optax.adam(config["learning_rate"])
-    buffer = jaxbuf.make_replay_buffer(
+    buffer = buffer or jaxbuf.make_replay_buffer(
         config["buffer_capacity"], config["batch_size"], min_size=config["learning_starts"]
     )
     reset = jax.vmap(env.reset, in_axes=(0, None))
@@ -145,6 +150,8 @@ def make_train(config: dict, env, env_params):
 
     def learn(runner: Runner, key: jax.Array) -> tuple[Runner, jax.Array]:
         batch = buffer.sample(runner.buffer_state, key).experience
+        if not config.get("update", True):  # benchmarks: the buffer's share alone
+            return runner, checksum(batch)
         loss, grads = jax.value_and_grad(loss_fn)(runner.params, runner.target_params, batch)
         updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
         params = optax.apply_updates(runner.params, updates)

@@ -13,6 +13,7 @@ jitted loop, and the new priorities are the absolute TD errors.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import gymnax
 import jax
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import command_line, evaluate_and_report, jitted_chunks
+from jaxbuf.examples._common import checksum, command_line, evaluate_and_report, jitted_chunks
 from jaxbuf.examples.dqn_cartpole import QNetwork, Runner, after_step, epsilon_greedy
 
 CONFIG = dict(
@@ -60,13 +61,14 @@ def make_buffer(config: dict, prioritized: bool):
     )  # fmt: skip
 
 
-def make_train(config: dict, env, env_params, prioritized: bool):
-    """`init(key) -> Runner`, a jitted donated `train_chunk(runner)`, and the network."""
+def make_train(config: dict, env, env_params, prioritized: bool, buffer: Any = None):
+    """`init(key) -> Runner`, a jitted donated `train_chunk(runner)`, and the network;
+    `buffer` replaces the transition buffer by one with the same functions."""
     num_actions = env.action_space(env_params).n
     network = QNetwork(num_actions, tuple(config["hidden"]))
     num_iterations = config["total_timesteps"] // config["num_envs"]
     optimizer = optax.adam(config["learning_rate"])
-    buffer = make_buffer(config, prioritized)
+    buffer = buffer or make_buffer(config, prioritized)
     reset = jax.vmap(env.reset, in_axes=(0, None))
     step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
@@ -111,11 +113,14 @@ def make_train(config: dict, env, env_params, prioritized: bool):
             errors = td_errors(params, runner.target_params, batch)
             return jnp.mean(weights * errors**2), errors
 
-        (loss, errors), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
-        updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
-        runner = runner._replace(
-            params=optax.apply_updates(runner.params, updates), opt_state=opt_state
-        )
+        if config.get("update", True):
+            (loss, errors), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
+            updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
+            runner = runner._replace(
+                params=optax.apply_updates(runner.params, updates), opt_state=opt_state
+            )
+        else:  # benchmarks: the buffer's share alone
+            loss, errors = checksum(batch), jnp.zeros(config["batch_size"])
         if prioritized:
             new = jnp.abs(errors) + config["priority_floor"]
             state = buffer.set_priorities(runner.buffer_state, drawn.indices, new)

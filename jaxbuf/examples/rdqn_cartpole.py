@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import jitted_chunks
+from jaxbuf.examples._common import checksum, jitted_chunks
 
 CONFIG = dict(
     num_envs=16,
@@ -100,7 +100,10 @@ class Runner(NamedTuple):
     key: jax.Array
 
 
-def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool):
+def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool,
+               buffer: Any = None):  # fmt: skip
+    """`init(key) -> Runner`, a jitted donated `train_chunk(runner)`, and the network;
+    `buffer` replaces the trajectory buffer by one with the same functions."""
     network = QNetwork(config["hidden"], recurrent)
     num_updates = config["total_timesteps"] // (config["num_envs"] * config["train_every"])
     learning_rate = optax.linear_schedule(config["learning_rate"], 0.0, num_updates)
@@ -109,7 +112,7 @@ def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool
     n_step, discount = config["n_step"], config["discount"]
     sampler = (jaxbuf.prioritized(config["priority_exponent"]) if prioritized
                else jaxbuf.uniform())  # fmt: skip
-    buffer = jaxbuf.make_trajectory_buffer(
+    buffer = buffer or jaxbuf.make_trajectory_buffer(
         num_envs, config["buffer_capacity"], config["batch_size"], burn_in + length + n_step,
         period=length // 2, sampler=sampler,
     )  # fmt: skip
@@ -181,6 +184,8 @@ def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool
         options = {"importance_exponent": config["importance_exponent"]} if prioritized else {}
         batch = buffer.sample(runner.buffer_state, key, **options)
         weights = batch.weights if prioritized else batch.valid.astype(jnp.float32)
+        if not config.get("update", True):  # benchmarks: the buffer's share alone
+            return runner, checksum(batch.experience)
         (loss, priority), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             runner.params, runner.target_params, batch.experience, weights
         )
