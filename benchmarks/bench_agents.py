@@ -7,7 +7,9 @@ adapter over Flashbax's buffer for the same job, with the same network,
 hyper-parameters and environments:
 
 - DQN: `make_replay_buffer` against `fbx.make_item_buffer` (whole transitions
-  as items, `add_batches=True`);
+  as items, `add_batches=True`), and against `fbx.make_flat_buffer` as
+  PureJaxRL's `dqn.py` uses it (steps sampled as pairs, the second's
+  observation standing in for `next_obs`);
 - n-step prioritized DQN (n = 3): `make_transition_buffer(...,
   sampler=prioritized())` against `fbx.make_prioritised_trajectory_buffer` over
   windows of n + 1 steps, the n-step return, discount and next observation
@@ -54,6 +56,26 @@ def flashbax_items(config: dict) -> SimpleNamespace:
         init=inner.init, add=inner.add, can_sample=inner.can_sample,
         sample=lambda state, key: _sample(inner.sample(state, key).experience,
                                           config["batch_size"]),
+    )  # fmt: skip
+
+
+def flashbax_flat(config: dict) -> SimpleNamespace:
+    """Flashbax's flat buffer as PureJaxRL's DQN uses it: steps without `next_obs`,
+    sampled as pairs of consecutive steps (`first`, `second`)."""
+    inner = fbx.make_flat_buffer(  # min_length as PureJaxRL sets it
+        max_length=config["buffer_capacity"], min_length=config["batch_size"],
+        sample_batch_size=config["batch_size"], add_sequences=False,
+        add_batch_size=config["num_envs"],
+    )  # fmt: skip
+
+    def sample(state, key):
+        pair = inner.sample(state, key).experience
+        return _sample({**pair.first, "next_obs": pair.second["obs"]}, config["batch_size"])
+
+    drop = lambda items: {k: v for k, v in items.items() if k != "next_obs"}  # noqa: E731
+    return SimpleNamespace(
+        init=lambda example: inner.init(drop(example)), can_sample=inner.can_sample,
+        add=lambda state, items: inner.add(state, drop(items)), sample=sample,
     )  # fmt: skip
 
 
@@ -123,22 +145,23 @@ def agents(quick: bool) -> dict:
     rdqn = {**rdqn_cartpole.CONFIG, "total_timesteps": 64_000, "num_chunks": 10}
     return {
         "DQN (replay)": (dqn, lambda c, b: dqn_cartpole.make_train(c, env, params, b)[:2],
-                         flashbax_items),
+                         {"item buffer": flashbax_items,
+                          "flat buffer (PureJaxRL's)": flashbax_flat}),
         "n-step prioritized DQN (transition)": (
             nstep, lambda c, b: dqn_nstep.make_train(c, env, params, True, b)[:2],
-            flashbax_nstep),
+            {"prioritised trajectory buffer": flashbax_nstep}),
         "recurrent Q (trajectory)": (
             rdqn, lambda c, b: rdqn_cartpole.make_train(c, env, params, False, True, b)[:2],
-            flashbax_windows),
+            {"trajectory buffer": flashbax_windows}),
     }  # fmt: skip
 
 
-def measure(config: dict, make, adapter, repeats: int) -> dict:
+def measure(config: dict, make, adapters: dict, repeats: int) -> dict:
     runs, steps = {}, config["total_timesteps"] // config["num_chunks"]
     for update in (True, False):
-        for library in ("jaxbuf", "flashbax"):
+        for library in ("jaxbuf", *adapters):
             variant = {**config, "update": update}
-            buffer = adapter(variant) if library == "flashbax" else None
+            buffer = adapters[library](variant) if library in adapters else None
             init, train_chunk = make(variant, buffer)
             holder = [init(jax.random.key(0))]
             holder[0], _ = train_chunk(holder[0])  # past learning_starts: every step learns
@@ -155,16 +178,18 @@ def measure(config: dict, make, adapter, repeats: int) -> dict:
 def main() -> None:
     args = command_line(__doc__)
     rows = []
-    for name, (config, make, adapter) in agents(args.quick).items():
-        rates = measure(config, make, adapter, 3 if args.quick else 7)
-        for step in ("full", "buffer only"):
-            ours, theirs = rates[("jaxbuf", step)], rates[("flashbax", step)]
-            rows.append({"agent": name, "step": step, "jaxbuf_sps": ours[0],
-                         "flashbax_sps": theirs[0], "ratio": theirs[0] / ours[0],
-                         "fastest_ratio": theirs[1] / ours[1]})  # fmt: skip
-            print(rows[-1], flush=True)
+    for name, (config, make, adapters) in agents(args.quick).items():
+        rates = measure(config, make, adapters, 3 if args.quick else 7)
+        for peer in adapters:
+            for step in ("full", "buffer only"):
+                ours, theirs = rates[("jaxbuf", step)], rates[(peer, step)]
+                rows.append({"agent": name, "peer": peer, "step": step, "jaxbuf_sps": ours[0],
+                             "flashbax_sps": theirs[0], "ratio": theirs[0] / ours[0],
+                             "fastest_ratio": theirs[1] / ours[1]})  # fmt: skip
+                print(rows[-1], flush=True)
     columns = [
         ("agent (jaxbuf buffer)", "agent", "{}"),
+        ("Flashbax buffer", "peer", "{}"),
         ("training step", "step", "{}"),
         ("jaxbuf steps/s (median)", "jaxbuf_sps", "{:.0f}"),
         ("Flashbax steps/s (median)", "flashbax_sps", "{:.0f}"),
