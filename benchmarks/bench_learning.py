@@ -15,16 +15,21 @@
 Each seed's time is its wall time in this process, compilation included (the
 offline row: recording and offline training together).
 
-Run: `python benchmarks/bench_learning.py [--quick] [--out benchmarks/results]`.
+Run: `python benchmarks/bench_learning.py [--quick] [--out benchmarks/results]
+[--only recurrent]` (`--only`: rerun the rows whose agent or variant holds that
+text, keeping the others of the last results file).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import pathlib
 import tempfile
 import time
 
 import numpy as np
-from common import command_line, write_results
+from common import environment, write_results
 
 from jaxbuf.examples import offline_cql, rdqn_cartpole, sac_pendulum
 
@@ -50,10 +55,27 @@ def runs(quick: bool) -> list[tuple[str, str, int, object]]:
     ]  # fmt: skip
 
 
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--only", default="", help="rerun only the rows holding this text")
+    return parser.parse_args()
+
+
+def previous_rows(out: str) -> list[dict]:
+    path = pathlib.Path(out) / f"learning_{environment()['backend']}.json"
+    return json.loads(path.read_text())["results"] if path.exists() else []
+
+
 def main() -> None:
-    args = command_line(__doc__)
+    args = arguments()
+    kept = previous_rows(args.out) if args.only else []
     rows = []
     for agent, variant, seeds, run in runs(args.quick):
+        if args.only and args.only not in agent + variant:
+            rows.extend(r for r in kept if (r["agent"], r["variant"]) == (agent, variant))
+            continue
         scores, last, times = [], [], []
         for seed in range(seeds):
             start = time.perf_counter()
