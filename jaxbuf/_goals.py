@@ -217,19 +217,20 @@ def _range(strategy: str, at, first, end) -> tuple[jax.Array, jax.Array]:
     return jnp.broadcast_to(low, at.shape), jnp.broadcast_to(end, at.shape)
 
 
-def _rewards(goals: Hindsight, achieved: PyTree, goal: PyTree, dtype, axes: int) -> jax.Array:
-    fn = goals.reward_fn
+def _mapped(fn: Callable, axes: int) -> Callable:
+    """`fn` of one step, vmapped over `axes` leading batch axes."""
     for _ in range(axes):
         fn = jax.vmap(fn)
-    return jnp.asarray(fn(achieved, goal)).astype(dtype)
+    return fn
+
+
+def _rewards(goals: Hindsight, achieved: PyTree, goal: PyTree, dtype, axes: int) -> jax.Array:
+    return jnp.asarray(_mapped(goals.reward_fn, axes)(achieved, goal)).astype(dtype)
 
 
 def _terminal(goals: Hindsight, reward: jax.Array, axes: int) -> jax.Array:
-    fn = goals.terminal_fn
-    assert fn is not None
-    for _ in range(axes):
-        fn = jax.vmap(fn)
-    return fn(reward)
+    assert goals.terminal_fn is not None
+    return _mapped(goals.terminal_fn, axes)(reward)
 
 
 def _bitcast_offset(numbers: jax.Array, oldest: jax.Array) -> jax.Array:
