@@ -11,8 +11,10 @@ import argparse
 import json
 import pathlib
 
-ORDER = ("sweep", "donation", "replay", "trajectory", "transition", "prioritized", "gae",
-         "sharding", "dataset", "checkpoint")  # fmt: skip
+ORDER = (
+    "agents", "sweep", "donation", "replay", "trajectory", "transition", "prioritized", "gae",
+    "sharding", "dataset", "checkpoint", "frames", "options", "her", "learning",
+)  # fmt: skip
 COLORS = {"jaxbuf": "C0", "flashbax": "C1", "cpprb": "C2", "numpy": "C3"}
 
 
@@ -146,8 +148,8 @@ def report(folder: pathlib.Path) -> pathlib.Path:
         "",
         "Every table below comes from one script in `benchmarks/`, which measured jaxbuf and its",
         "peers in the same run, taking turns. Read the ratios: absolute times move with the",
-        "machine's load. Reproduce with `python benchmarks/run_all.py` (about an hour on 2 cores;",
-        "`--quick` for a smoke run).",
+        "machine's load. Reproduce with `python benchmarks/run_all.py` (about two hours on 2",
+        "cores; `--quick` for a smoke run).",
         "",
     ]
     names = sorted(results, key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99, k[1]))
