@@ -29,7 +29,7 @@ def take_all(state: Any, num_minibatches: int | None = None) -> PyTree:
       The items, leaves `[n, *item_shape]`, or `[num_minibatches, n //
       num_minibatches, *item_shape]`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))

@@ -181,7 +181,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     Returns:
       The folder.
 
-    Example:
+    Examples:
       >>> import tempfile, jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
@@ -289,7 +289,7 @@ def _read_metadata(folder: pathlib.Path) -> dict:
 def load_metadata(path: str | os.PathLike) -> dict:
     """The metadata of the checkpoint in the folder `path` (see `save`).
 
-    Example:
+    Examples:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
@@ -377,7 +377,7 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
         message names every differing leaf or field), or its files are truncated
         or corrupted.
 
-    Example:
+    Examples:
       >>> import tempfile, jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> example = {"x": jnp.float32(0)}

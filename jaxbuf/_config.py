@@ -139,7 +139,7 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
         (the message names it).
       TypeError: a value of the wrong type (the message names the key).
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> buffer = jaxbuf.buffer_from_config({"kind": "trajectory", "num_envs": 4,
       ...     "capacity": 1000, "sample_batch_size": 32, "sequence_length": 8,

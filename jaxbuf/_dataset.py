@@ -165,7 +165,7 @@ class DatasetWriter:
         already holds.
       chunk_items: items per zarr chunk.
 
-    Example:
+    Examples:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(4, 2)
       >>> state = buffer.init({"x": jnp.float32(0)})
@@ -281,7 +281,7 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
     Returns:
       The items, a (nested) dict of arrays with leading axis `stop - start`.
 
-    Example:
+    Examples:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})
@@ -329,7 +329,7 @@ def dataset_to_state(
     Returns:
       A state holding the items, as if they had been added one by one.
 
-    Example:
+    Examples:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})

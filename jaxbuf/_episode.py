@@ -35,7 +35,7 @@ class EpisodeRecords(struct.PyTreeNode):
       open_start: uint32 `[num_envs]`, the step number where the unfinished
         episode began.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
       ...     done_fn=lambda step: step["done"])
@@ -269,7 +269,7 @@ def make_episode_buffer(
       `[num_envs, T, ...]`, `add_step(state, step)` with leaves `[num_envs, ...]`,
       `sample(state, key) -> EpisodeSample` and `can_sample(state)`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_episode_buffer(1, 16, 2, max_length=4,
       ...     done_fn=lambda step: step["done"])

@@ -77,7 +77,7 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
     Returns:
       A dict of arrays with a common leading axis.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(5, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
@@ -125,7 +125,7 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
     Returns:
       The path written.
 
-    Example:
+    Examples:
       >>> import tempfile, numpy as np, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
@@ -173,7 +173,7 @@ def read_export(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Returns:
       The columns, as `stored_items` gave them.
 
-    Example:
+    Examples:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.bfloat16(0)}), {"x": jnp.ones(2, jnp.bfloat16)})
@@ -215,7 +215,7 @@ def to_torch(tree: PyTree) -> PyTree:
     Returns:
       The same pytree with `torch.Tensor` leaves.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.zeros(3)}), {"x": jnp.ones((4, 3))})

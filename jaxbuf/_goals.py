@@ -40,7 +40,7 @@ STRATEGIES = ("future", "final", "episode")
 class Hindsight(_Record):
     """How a buffer relabels goals, made by `jaxbuf.hindsight`; paths are tuples of keys.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> goals = jaxbuf.hindsight(lambda a, g: jnp.where(jnp.all(a == g), 0.0, -1.0),
       ...                          desired=("obs/goal", "next_obs/goal"), achieved="next_obs/at")
@@ -113,7 +113,7 @@ def hindsight(
     Returns:
       A `Hindsight` record to pass as `goals=`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> goals = jaxbuf.hindsight(lambda a, g: -jnp.any(a != g).astype(jnp.float32),
       ...                          strategy="final", terminal_fn=lambda r: r == 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +22,9 @@ def _counts(proportions: Sequence[float] | np.ndarray, total: int) -> list[int]:
     return counts.tolist()
 
 
-def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size: int):
+def mix(
+    buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size: int
+) -> Callable[..., Sample]:
     """Makes `sample(states, key)` drawing fixed shares of a batch from several buffers.
 
     Buffer `i` gives `round(proportions[i] / sum(proportions) * sample_batch_size)`
@@ -43,7 +45,7 @@ def mix(buffers: Sequence[Any], proportions: Sequence[float], sample_batch_size:
       that only some buffers fill is None, but for `weights`, which is 1 for the
       valid items of buffers without importance weights.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> offline = jaxbuf.make_replay_buffer(100, 8)
       >>> online = jaxbuf.make_replay_buffer(100, 8)

@@ -26,7 +26,7 @@ from jaxbuf._types import PyTree, Transition
 class Environment(NamedTuple):
     """One environment's pure functions, and a default policy.
 
-    Example:
+    Examples:
       >>> import gymnax, jaxbuf
       >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> sorted(env._fields)
@@ -42,7 +42,7 @@ def gymnax_env(env: Any, params: Any) -> Environment:
     """The `Environment` of a gymnax environment with its parameters; its
     `random_policy(key, obs)` samples the action space uniformly.
 
-    Example:
+    Examples:
       >>> import gymnax, jax, jaxbuf
       >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> obs, env_state = env.reset(jax.random.key(0))
@@ -118,7 +118,7 @@ def prefill(
     Returns:
       The state with `num_envs * num_steps` steps added.
 
-    Example:
+    Examples:
       >>> import gymnax, jax, jax.numpy as jnp, jaxbuf
       >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> buffer = jaxbuf.make_transition_buffer(4, 100, 8, n_step=3)

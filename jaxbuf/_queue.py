@@ -27,7 +27,7 @@ class QueueState(struct.PyTreeNode):
       dropped: int32 scalar, items offered to `add` while there was no room
         (saturating at 2**31 - 1, never wrapping).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> queue = jaxbuf.make_queue(8, 2, 4)
       >>> state = queue.add(queue.init(jnp.int32(0)), jnp.array([1, 2], jnp.int32))
@@ -52,7 +52,7 @@ class QueueState(struct.PyTreeNode):
 class Queue(_Record):
     """The pure functions of a queue (see `make_queue`), and its configuration.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> queue = jaxbuf.make_queue(capacity=8, add_batch_size=2, sample_batch_size=4)
       >>> [field.name for field in dataclasses.fields(queue)]
@@ -86,7 +86,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
       `[add_batch_size, ...]`, `pop(state) -> (state, Sample)`,
       `can_add(state)`, `can_sample(state)`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> queue = jaxbuf.make_queue(capacity=4, add_batch_size=2, sample_batch_size=3)
       >>> state = queue.init(jnp.int32(0))

@@ -46,7 +46,7 @@ class RateLimiterState(struct.PyTreeNode):
       credit: int32 scalar, `q * (inserts * samples_per_insert - samples)` with
         `samples_per_insert = p / q`, saturating at +-(2**31 - 1).
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> limiter = jaxbuf.sample_to_insert_ratio(0.5, min_size_to_sample=1, error_buffer=2.0)
       >>> state = limiter.sampled(limiter.inserted(limiter.init(), 4), 1)
@@ -62,7 +62,7 @@ class RateLimiterState(struct.PyTreeNode):
 class RateLimiter(_Record):
     """The pure functions of a rate limiter (see `sample_to_insert_ratio`).
 
-    Example:
+    Examples:
       >>> import jax, jaxbuf
       >>> limiter = jaxbuf.sample_to_insert_ratio(1.0, min_size_to_sample=1, error_buffer=2.0)
       >>> gated = jax.jit(lambda s: jax.lax.cond(
@@ -160,7 +160,7 @@ def sample_to_insert_ratio(
       n)`, `sampled(state, n)`, `deleted(state, n)` returning the new state. The
       counts may be traced.
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> limiter = jaxbuf.sample_to_insert_ratio(2.0, min_size_to_sample=2, error_buffer=3.0)
       >>> state = limiter.inserted(limiter.init(), 2)

@@ -66,7 +66,7 @@ def make_replay_buffer(
       (below `min_size` its items are real stored ones, flagged invalid; from an
       empty buffer they are the zero-filled row 0).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(capacity=100, sample_batch_size=4)
       >>> state = buffer.init({"obs": jnp.zeros(3), "reward": jnp.float32(0)})
@@ -123,7 +123,7 @@ def from_data(
     Returns:
       `(buffer, state)`.
 
-    Example:
+    Examples:
       >>> import numpy as np, jaxbuf
       >>> data = {"obs": np.arange(10.0, dtype=np.float32), "done": np.zeros(10, bool)}
       >>> buffer, state = jaxbuf.from_data(data, capacity=4, sample_batch_size=2,

@@ -184,7 +184,7 @@ def gae(
     Returns:
       `(advantages, returns)`, both `[T, *batch]`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> rewards = jnp.ones(3)
       >>> values = next_values = jnp.zeros(3)
@@ -242,7 +242,7 @@ def lambda_returns(
     Returns:
       `[T, *batch]`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> flags = jnp.zeros(2, bool)
       >>> jaxbuf.lambda_returns(jnp.ones(2), jnp.full(2, 10.0), flags, flags,
@@ -296,7 +296,7 @@ def discounted_returns(
     Returns:
       `[T, *batch]`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> terminated = jnp.array([False, True, False])
       >>> truncated = jnp.zeros(3, bool)
@@ -341,7 +341,7 @@ def n_step_returns(
     Returns:
       `[T, *batch]`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> flags = jnp.zeros(3, bool)
       >>> jaxbuf.n_step_returns(jnp.ones(3), jnp.full(3, 8.0), flags, flags,

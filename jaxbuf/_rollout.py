@@ -22,7 +22,7 @@ class _StepKeys(dict):
     A step may hold more keys (observations, actions, log-probabilities); these
     are the ones GAE reads.
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> sorted(jaxbuf.STEP_KEYS)
       ['final_value', 'reward', 'terminated', 'truncated', 'value']
@@ -54,7 +54,7 @@ class RolloutBufferState(struct.PyTreeNode):
       advantages: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
       returns: float `[num_steps, num_envs]`, set by `finish` (0 beyond `size`).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95)
       >>> step = {"obs": jnp.zeros(3), "reward": 0.0, "value": 0.0, "final_value": 0.0,
@@ -90,7 +90,7 @@ class RolloutBatch(struct.PyTreeNode):
       valid: bool `[num_minibatches, batch]`, false for slots beyond `size` (all
         true for a full rollout).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_rollout_buffer(2, 1, discount=0.5, gae_lambda=1.0)
       >>> step = {"obs": jnp.zeros(1), "reward": 1.0, "value": 0.0, "final_value": 0.0,
@@ -115,7 +115,7 @@ class RolloutBuffer(_Record):
     """The pure functions of a rollout buffer (see `make_rollout_buffer`), and its
     configuration.
 
-    Example:
+    Examples:
       >>> import dataclasses, jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_rollout_buffer(num_steps=4, num_envs=2, discount=0.99,
       ...     gae_lambda=0.95)
@@ -190,7 +190,7 @@ def make_rollout_buffer(
       `last_value` `[num_envs]`, `minibatches(state, key, num_minibatches)` and
       `clear(state)`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_rollout_buffer(4, 2, discount=0.99, gae_lambda=0.95)
       >>> step = {"obs": jnp.zeros(3), "reward": 0.0, "value": 0.0, "final_value": 0.0,

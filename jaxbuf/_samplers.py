@@ -37,7 +37,7 @@ class PriorityState(struct.PyTreeNode):
         (negative or non-finite priorities, indices that are not drawable now);
         it saturates at 2**31 - 1, never wraps.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(100, 8, sampler=jaxbuf.prioritized())
       >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(5))
@@ -73,7 +73,7 @@ class Drawn(struct.PyTreeNode):
 class Sampler(_Record):
     """The pure functions of a sampler (see the module docstring).
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> jaxbuf.prioritized(priority_exponent=0.5).config
       Config(kind='prioritized', priority_exponent=0.5, stratified=True)
@@ -100,7 +100,7 @@ def uniform(replacement: bool = True) -> Sampler:
     Returns:
       A `Sampler` for the `sampler=` argument of the `make_*` factories.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(10, 4, sampler=jaxbuf.uniform(replacement=False))
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(4, dtype=jnp.int32))
@@ -175,7 +175,7 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
     Returns:
       A `Sampler` for the `sampler=` argument of the `make_*` factories.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.prioritized(1.0))
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(4, dtype=jnp.int32))
@@ -315,7 +315,7 @@ class EpochState(struct.PyTreeNode):
       cursor: int32 scalar, how many of them were handed out.
       epoch: int32 scalar, the passes begun (saturating).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs())
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
@@ -350,7 +350,7 @@ def epochs() -> Sampler:
     Returns:
       A `Sampler` for the `sampler=` argument of the `make_*` factories.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 4, sampler=jaxbuf.epochs())
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))

@@ -90,7 +90,7 @@ def per_shard(buffer: Any, axis_name: str = "data") -> Any:
     Returns:
       A buffer of the same type, with the same `config`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> from jax.sharding import PartitionSpec as P
       >>> mesh = jax.make_mesh((1,), ("data",))
@@ -226,7 +226,7 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
       A buffer of the same type with the same `config` (per shard), whose
       functions take and return sharded states.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> mesh = jax.make_mesh((1,), ("data",))
       >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=16,

@@ -59,7 +59,7 @@ def example_from_space(space: Any) -> PyTree:
     Returns:
       A pytree of zero arrays with no batch axis.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> from gymnax.environments import spaces
       >>> example = jaxbuf.example_from_space({

@@ -43,7 +43,7 @@ class RingState(_Ring):
       side: None (the flat ring keeps nothing beside its items).
       sampler: the sampler's state: None (uniform) or a `PriorityState`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(100, 8)
       >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
@@ -74,7 +74,7 @@ class TimeRingState(_Ring):
         `FinalObservations` (transition) or `EpisodeRecords` (episode).
       sampler: the sampler's state: None (uniform) or a `PriorityState`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_trajectory_buffer(2, 50, 4, 3)
       >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((2, 7, 3))})

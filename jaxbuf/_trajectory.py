@@ -203,7 +203,7 @@ def make_trajectory_buffer(
       write position: its steps are consecutive in time, never the newest steps
       followed by overwritten ones.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=8,
       ...     sample_batch_size=3, sequence_length=4, done_fn=lambda s: s["done"])

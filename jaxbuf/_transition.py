@@ -43,7 +43,7 @@ class FinalObservations(struct.PyTreeNode):
         start a transition because the final observation they need has been
         overwritten (always 0 when no episode is shorter than `min_episode_length`).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_transition_buffer(2, 50, 4, n_step=3)
       >>> example = jaxbuf.Transition(jnp.zeros(2), jnp.int32(0), jnp.float32(0), jnp.bool_(False),
@@ -388,7 +388,7 @@ def make_transition_buffer(
       reads across the write position); the n-step sum stops at the first
       termination (discount 0) or truncation (bootstrap from the final observation).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_transition_buffer(2, 16, 4, n_step=3, discount=0.5)
       >>> step = jaxbuf.Transition(obs=jnp.zeros(3), action=jnp.int32(0),

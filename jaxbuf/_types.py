@@ -26,7 +26,7 @@ class Config(Mapping[str, Any]):
     takes: `buffer_from_config(dict(buffer.config))` builds the same buffer
     (but for a `done_fn`, which no file can hold; a `done_key` can).
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> config = jaxbuf.make_replay_buffer(100, 8).config
       >>> config.capacity, config["kind"], config.sampler.kind
@@ -95,7 +95,7 @@ class Buffer(_Record):
       layout: the kind's storage, anchors and unit, for transforms (`vectorize`).
       sampler: the `Sampler`, for transforms.
 
-    Example:
+    Examples:
       >>> import jax, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(capacity=100, sample_batch_size=8)
       >>> buffer = buffer.replace(add=jax.jit(buffer.add, donate_argnums=0))
@@ -146,7 +146,7 @@ class Sample(struct.PyTreeNode):
         time` whose achieved goal became the desired goal, -1 where the goal was
         not relabeled; `take(state, indices, goal_source)` accepts it. Else None.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(100, 4)
       >>> state = buffer.add(buffer.init({"obs": jnp.zeros(3)}), {"obs": jnp.ones((5, 3))})
@@ -196,7 +196,7 @@ class Transition(struct.PyTreeNode):
       discount: None when added; in a sample, `gamma**k`, or 0 where the k-th
         step terminated.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> step = jaxbuf.Transition(obs=jnp.zeros(2), action=jnp.int32(0), reward=jnp.float32(0),
       ...     terminated=jnp.bool_(False), truncated=jnp.bool_(False), next_obs=jnp.zeros(2))
@@ -220,7 +220,7 @@ class BufferLike(Protocol):
     rollout): a record of pure functions with `init`, `add` and `config`, and
     `.replace(**fields)` returning the same type.
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> buffers = [jaxbuf.make_replay_buffer(8, 2), jaxbuf.make_queue(8, 2, 2),
       ...            jaxbuf.make_rollout_buffer(4, 2, discount=0.9, gae_lambda=0.9)]
@@ -243,7 +243,7 @@ class BufferLike(Protocol):
 class InitFn(Protocol):
     """`init(example) -> state`: every buffer's `init`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> init: jaxbuf.InitFn = jaxbuf.make_replay_buffer(8, 2).init
       >>> init({"obs": jnp.zeros(3)}).experience["obs"].shape
@@ -266,7 +266,7 @@ class InitFn(Protocol):
 class AddFn(Protocol):
     """`add(state, data) -> state`: every buffer's `add`.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> add: jaxbuf.AddFn = buffer.add
@@ -291,7 +291,7 @@ class AddFn(Protocol):
 class SampleFn(Protocol):
     """`sample(state, key) -> Sample`: every sampled buffer's `sample`.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> sample: jaxbuf.SampleFn = buffer.sample
@@ -318,7 +318,7 @@ class SampleFn(Protocol):
 class CanSampleFn(Protocol):
     """`can_sample(state) -> bool array`: whether `sample` gives valid items.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2, min_size=4)
       >>> can_sample: jaxbuf.CanSampleFn = buffer.can_sample

@@ -90,7 +90,7 @@ def read_vault(path: str | os.PathLike, start: int = 0, stop: int | None = None)
       ValueError: the folder is not a Vault of a supported version (1.x), the
         range is outside it, or a leaf does not have its recorded dtype.
 
-    Example:
+    Examples:
       >>> import jaxbuf
       >>> jaxbuf.read_vault("/no/such/vault")
       Traceback (most recent call last):
@@ -141,7 +141,7 @@ def vault_to_state(
     Returns:
       A state holding the steps, as if they had been added in order.
 
-    Example:
+    Examples:
       >>> import contextlib, io, tempfile, jax.numpy as jnp, flashbax, jaxbuf
       >>> from flashbax.vault import Vault
       >>> fbx = flashbax.make_trajectory_buffer(add_batch_size=2, sample_batch_size=2,

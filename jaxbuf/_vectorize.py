@@ -145,7 +145,7 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
       A `Buffer` whose `config` adds `num_buffers`; its `add` takes leaves
       `[num_buffers, ...]` of what the single buffer's `add` takes.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffers = jaxbuf.vectorize(jaxbuf.make_replay_buffer(10, 6), num_buffers=3)
       >>> state = buffers.init({"obs": jnp.zeros(2)})
