@@ -1,20 +1,48 @@
-"""The README's Python examples run as written."""
+"""The Python examples of the README and of the documentation pages run as written.
+
+The README's run in order; the pages' run in the order of the site's navigation, in one
+namespace (a page may use what an earlier page made, as a reader going through them would).
+"""
 
 import pathlib
 import re
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+import yaml
+
+ROOT = pathlib.Path(__file__).parent.parent
+README = ROOT / "README.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def python_blocks(path: pathlib.Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
+
+
+def pages(nav) -> list[str]:
+    """The markdown files of the site's navigation, in order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in pages(value)]
+    return [page for item in nav for page in pages(item)]
 
 
 def test_readme_has_examples():
-    assert len(python_blocks()) >= 4
+    assert len(python_blocks(README)) >= 1
 
 
 def test_readme_examples_run_in_order():
     namespace: dict = {}
-    for block in python_blocks():
+    for block in python_blocks(README):
         exec(compile(block, str(README), "exec"), namespace)
+
+
+def test_documentation_examples_run_in_order():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    namespace: dict = {}
+    count = 0
+    for page in pages(nav):
+        path = ROOT / "docs" / page
+        for block in python_blocks(path):
+            exec(compile(block, str(path), "exec"), namespace)
+            count += 1
+    assert count >= 10

@@ -6,7 +6,14 @@ import re
 import subprocess
 import sys
 
+import jaxbuf
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_api_reference_lists_every_public_name():
+    listed = re.findall(r"^::: jaxbuf\.(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M)
+    assert sorted(listed) == sorted(jaxbuf.__all__)
 
 
 def test_site_builds_strictly_and_offline(tmp_path):
