@@ -57,7 +57,7 @@ def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant, me
     for capacity in (1, 5, 37):
         tree = _sumtree.init(capacity)
         values = np.zeros(capacity)
-        for _ in range(15):
+        for _ in range(8):
             indices = rng.integers(0, capacity, 12)
             new = rng.choice([0.0, 0.5, 1.0, 2.0, 7.0], 12)
             keep = rng.random(12) < 0.8
