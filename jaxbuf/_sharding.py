@@ -329,7 +329,7 @@ def _noting_shards(fn: Any, count: int, axis_name: str) -> Any:
 
 _ARGUMENT_NAMES = {
     "add": ("items",), "add_step": ("step",), "finish": ("last_value",),
-    "take": ("indices", "goal_source"), "set_priorities": ("data", "data"),
+    "take": ("indices", "goal_source"),
 }  # fmt: skip
 
 
