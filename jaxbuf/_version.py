@@ -1,3 +1,3 @@
 """The jaxbuf version."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,10 +1,17 @@
-"""A stranger's install: the built wheel, in a fresh virtual environment, runs the quickstart."""
+"""A stranger's install: the built wheel, in a fresh virtual environment, runs the quickstart.
+
+`python -m build` makes the sdist and the wheel, `twine check` reads their metadata as PyPI
+would, and the version in `jaxbuf/_version.py`, the newest `CHANGELOG.md` entry, the built file
+names and the documentation all agree.
+"""
 
 import pathlib
 import re
 import subprocess
 import sys
 import venv
+
+import jaxbuf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -15,15 +22,31 @@ def run(*command, cwd, timeout=900):
     return result.stdout
 
 
-def test_wheel_installs_into_a_fresh_environment_and_runs_the_quickstart(tmp_path):
+def test_version_changelog_and_docs_agree():
+    releases = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert releases[0] == jaxbuf.__version__, (releases, jaxbuf.__version__)
+    assert len(set(releases)) == len(releases), releases
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert f"jaxbuf {jaxbuf.__version__}" in index
+    assert (ROOT / "docs" / "changelog.md").read_text().strip() == '--8<-- "CHANGELOG.md"'
+
+
+def test_build_twine_check_and_a_fresh_install_run_the_quickstart(tmp_path):
     dist = tmp_path / "dist"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT),
-        cwd=tmp_path)  # fmt: skip
-    wheel = next(dist.glob("jaxbuf-*.whl"))
+    run(sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(ROOT), cwd=tmp_path)
+    version = jaxbuf.__version__
+    built = sorted(p.name for p in dist.iterdir())
+    assert built == [f"jaxbuf-{version}-py3-none-any.whl", f"jaxbuf-{version}.tar.gz"], built
+    checked = run(sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir()),
+                  cwd=tmp_path)  # fmt: skip
+    assert checked.count("PASSED") == 2, checked
     venv.create(tmp_path / "env", with_pip=True)
     python = tmp_path / "env" / "bin" / "python"
-    run(str(python), "-m", "pip", "install", "-q", str(wheel), cwd=tmp_path)
+    run(str(python), "-m", "pip", "install", "-q", str(dist / built[0]), cwd=tmp_path)
     quickstart = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)[0]
     (tmp_path / "quickstart.py").write_text(quickstart + "\nprint(jaxbuf.__file__)\n")
     where = run(str(python), "quickstart.py", cwd=tmp_path)  # not the checkout: the wheel
     assert str(tmp_path / "env") in where and str(ROOT) not in where
+    installed = run(str(python), "-c", "import importlib.metadata as m; print(m.version('jaxbuf'))",
+                    cwd=tmp_path)  # fmt: skip
+    assert installed.strip() == version
