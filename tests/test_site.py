@@ -1,5 +1,6 @@
 """The documentation site builds in strict mode and fetches nothing from the network."""
 
+import json
 import os
 import pathlib
 import re
@@ -27,6 +28,19 @@ def test_site_builds_strictly_and_offline(tmp_path):
     assert {"index.html", "404.html"} <= {p.name for p in pages}
     api = (tmp_path / "api" / "index.html").read_text()
     assert "make_replay_buffer" in api and "hindsight" in api
+    # The notebooks with their committed outputs, the benchmark tables and plots (docs/hooks).
+    for book in (ROOT / "notebooks").glob("*.ipynb"):
+        cells = json.loads(book.read_text())["cells"]
+        pngs = sum("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))
+        page = (tmp_path / "notebooks" / book.stem / "index.html").read_text()
+        assert page.count('<img alt="output" src="cell') == pngs >= 1, book.name
+        assert len(list((tmp_path / "notebooks" / book.stem).glob("cell*.png"))) == pngs
+    for table in (ROOT / "benchmarks" / "results").glob("*_cpu.md"):
+        assert (tmp_path / "results" / table.stem / "index.html").exists(), table.name
+    performance = (tmp_path / "performance" / "index.html").read_text()
+    for plot in re.findall(r'src="\.\./(plots/[\w.]+\.png)"', performance):
+        assert (tmp_path / plot).exists(), plot
+    assert performance.count('src="../plots/') >= 5
     # Scripts, styles, fonts and images are all local: nothing to fetch when reading offline.
     fetched = re.compile(r'<(?:script|img|link)[^>]+(?:src|href)="(https?:)?//', re.IGNORECASE)
     remote = [p.name for p in pages if fetched.search(p.read_text())]
