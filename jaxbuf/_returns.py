@@ -157,14 +157,15 @@ def gae(
     gae_lambda: Any,
     method: str = "scan",
 ) -> tuple[jax.Array, jax.Array]:
-    r"""Generalized advantage estimation (Schulman et al., 2016).
+    """Generalized advantage estimation (Schulman et al., 2016).
 
     With `done_t = terminated_t | truncated_t`:
 
-    .. math::
-      \delta_t = r_t + \gamma_t (1 - \mathrm{terminated}_t) V'_t - V_t \\
-      A_t = \delta_t + \gamma_t \lambda_t (1 - \mathrm{done}_t) A_{t+1}, \quad A_T = 0 \\
-      R_t = A_t + V_t
+    ```text
+    δ_t = r_t + γ_t (1 - terminated_t) V'_t - V_t
+    A_t = δ_t + γ_t λ_t (1 - done_t) A_{t+1},    A_T = 0
+    R_t = A_t + V_t
+    ```
 
     where `V'` is `next_values`. With `lambda = 1`, `R` is `discounted_returns`;
     with `lambda = 0`, `A` is the one-step TD error.
@@ -221,14 +222,14 @@ def lambda_returns(
     lambda_: Any,
     method: str = "scan",
 ) -> jax.Array:
-    r"""TD(lambda) returns, bootstrapped from `next_values`.
+    """TD(lambda) returns, bootstrapped from `next_values`.
 
     With `boot_t = truncated_t or t = T - 1`:
 
-    .. math::
-      G_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
-            \begin{cases} V'_t & \mathrm{boot}_t \\
-            (1 - \lambda_t) V'_t + \lambda_t G_{t+1} & \text{otherwise} \end{cases}
+    ```text
+    G_t = r_t + γ_t (1 - terminated_t) V'_t                              if boot_t
+    G_t = r_t + γ_t (1 - terminated_t) ((1 - λ_t) V'_t + λ_t G_{t+1})   otherwise
+    ```
 
     Args:
       rewards: `[T, *batch]`.
@@ -275,13 +276,14 @@ def discounted_returns(
     discount: Any,
     method: str = "scan",
 ) -> jax.Array:
-    r"""Discounted rewards-to-go (the PPO buffer's `discount_cumsum`), bootstrapped.
+    """Discounted rewards-to-go (the PPO buffer's `discount_cumsum`), bootstrapped.
 
     With `boot_t = truncated_t or t = T - 1`:
 
-    .. math::
-      G_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
-            \begin{cases} V'_t & \mathrm{boot}_t \\ G_{t+1} & \text{otherwise} \end{cases}
+    ```text
+    G_t = r_t + γ_t (1 - terminated_t) V'_t        if boot_t
+    G_t = r_t + γ_t (1 - terminated_t) G_{t+1}     otherwise
+    ```
 
     Pass `next_values = 0` for plain Monte-Carlo returns of complete episodes.
 
@@ -318,13 +320,13 @@ def n_step_returns(
     discount: Any,
     n: int,
 ) -> jax.Array:
-    r"""n-step returns: `n` rewards, then the bootstrap, cut at episode ends.
+    """n-step returns: `n` rewards, then the bootstrap, cut at episode ends.
 
-    .. math::
-      G^{(1)}_t = r_t + \gamma_t (1 - \mathrm{terminated}_t) V'_t \\
-      G^{(k)}_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)
-            \begin{cases} V'_t & \mathrm{boot}_t \\ G^{(k-1)}_{t+1} & \text{otherwise}
-            \end{cases}
+    ```text
+    G¹_t = r_t + γ_t (1 - terminated_t) V'_t
+    Gᵏ_t = r_t + γ_t (1 - terminated_t) V'_t             if boot_t
+    Gᵏ_t = r_t + γ_t (1 - terminated_t) Gᵏ⁻¹_{t+1}       otherwise
+    ```
 
     with `boot_t = truncated_t or t = T - 1`: the sum stops at the first
     termination (no bootstrap), truncation or end of the arrays (bootstrap

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+
 import jaxbuf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -45,3 +47,25 @@ def test_site_builds_strictly_and_offline(tmp_path):
     fetched = re.compile(r'<(?:script|img|link)[^>]+(?:src|href)="(https?:)?//', re.IGNORECASE)
     remote = [p.name for p in pages if fetched.search(p.read_text())]
     assert not remote, remote
+
+
+def test_returns_figure_shows_what_its_page_says(tmp_path):
+    """docs/figures/returns.py: with exact values only truncation-aware targets equal them."""
+    sys.path.insert(0, str(ROOT / "docs" / "figures"))
+    try:
+        import returns as figure
+    finally:
+        sys.path.pop(0)
+    lines = figure.three_ways()
+    exact = lines["values (exact)"]
+    np.testing.assert_allclose(lines["truncation bootstraps (jaxbuf)"], exact, rtol=1e-5)
+    first, second = slice(0, figure.TRUNCATED_AT + 1), slice(figure.TRUNCATED_AT + 1, None)
+    as_termination = lines["truncation as termination"]
+    assert as_termination[figure.TRUNCATED_AT] == 1.0 and np.all(as_termination[first] < 6)
+    np.testing.assert_allclose(as_termination[second], exact[second], rtol=1e-5)
+    ignored = lines["episode ends ignored"]
+    assert ignored[figure.TERMINATED_AT] > 9 and np.all(ignored[first] < 9.5)
+    figure.draw(tmp_path / "returns.svg")
+    # Redrawn, it is an SVG like the committed one (bytes differ between matplotlib versions).
+    for svg in (tmp_path / "returns.svg", ROOT / "docs" / "figures" / "returns.svg"):
+        assert "<svg" in svg.read_text()[:1000] and svg.stat().st_size > 10_000
