@@ -227,8 +227,8 @@ def lambda_returns(
     With `boot_t = truncated_t or t = T - 1`:
 
     ```text
-    G_t = r_t + γ_t (1 - terminated_t) V'_t                              if boot_t
-    G_t = r_t + γ_t (1 - terminated_t) ((1 - λ_t) V'_t + λ_t G_{t+1})   otherwise
+    if boot_t:  G_t = r_t + γ_t (1 - terminated_t) V'_t
+    otherwise:  G_t = r_t + γ_t (1 - terminated_t) ((1 - λ_t) V'_t + λ_t G_{t+1})
     ```
 
     Args:
@@ -281,8 +281,8 @@ def discounted_returns(
     With `boot_t = truncated_t or t = T - 1`:
 
     ```text
-    G_t = r_t + γ_t (1 - terminated_t) V'_t        if boot_t
-    G_t = r_t + γ_t (1 - terminated_t) G_{t+1}     otherwise
+    if boot_t:  G_t = r_t + γ_t (1 - terminated_t) V'_t
+    otherwise:  G_t = r_t + γ_t (1 - terminated_t) G_{t+1}
     ```
 
     Pass `next_values = 0` for plain Monte-Carlo returns of complete episodes.
@@ -324,8 +324,8 @@ def n_step_returns(
 
     ```text
     G¹_t = r_t + γ_t (1 - terminated_t) V'_t
-    Gᵏ_t = r_t + γ_t (1 - terminated_t) V'_t             if boot_t
-    Gᵏ_t = r_t + γ_t (1 - terminated_t) Gᵏ⁻¹_{t+1}       otherwise
+    if boot_t:  Gᵏ_t = r_t + γ_t (1 - terminated_t) V'_t
+    otherwise:  Gᵏ_t = r_t + γ_t (1 - terminated_t) Gᵏ⁻¹_{t+1}
     ```
 
     with `boot_t = truncated_t or t = T - 1`: the sum stops at the first

@@ -4,19 +4,28 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import jaxbuf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_api_reference_lists_every_public_name():
-    listed = re.findall(r"^::: jaxbuf\.(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M)
+def test_api_reference_lists_every_public_name_once():
+    pages = sorted((ROOT / "docs" / "api").glob("*.md"))
+    listed = [
+        name
+        for page in pages
+        for name in re.findall(r"^::: jaxbuf\.(\w+)$", page.read_text(), re.M)
+    ]
     assert sorted(listed) == sorted(jaxbuf.__all__)
+    index = (ROOT / "docs" / "api" / "index.md").read_text()
+    assert all(f"`{name}`" in index for name in jaxbuf.__all__)
 
 
 def test_site_builds_strictly_and_offline(tmp_path):
@@ -28,8 +37,9 @@ def test_site_builds_strictly_and_offline(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     pages = list(tmp_path.rglob("*.html"))
     assert {"index.html", "404.html"} <= {p.name for p in pages}
-    api = (tmp_path / "api" / "index.html").read_text()
-    assert "make_replay_buffer" in api and "hindsight" in api
+    api = (tmp_path / "api" / "buffers" / "index.html").read_text()
+    assert 'id="jaxbuf.make_replay_buffer"' in api and "sample_batch_size" in api
+    assert 'id="jaxbuf.hindsight"' in (tmp_path / "api" / "samplers" / "index.html").read_text()
     # The notebooks with their committed outputs, the benchmark tables and plots (docs/hooks).
     for book in (ROOT / "notebooks").glob("*.ipynb"):
         cells = json.loads(book.read_text())["cells"]
@@ -69,3 +79,18 @@ def test_returns_figure_shows_what_its_page_says(tmp_path):
     # Redrawn, it is an SVG like the committed one (bytes differ between matplotlib versions).
     for svg in (tmp_path / "returns.svg", ROOT / "docs" / "figures" / "returns.svg"):
         assert "<svg" in svg.read_text()[:1000] and svg.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="needs Chromium (apt install chromium)"
+)
+def test_screenshots_script_renders_the_site_offline(tmp_path):
+    """docs/screenshots.py: each page is the site's (not an error page) and not blank."""
+    result = subprocess.run(
+        [sys.executable, "docs/screenshots.py", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
+        p.name for p in (ROOT / "docs" / "screenshots").glob("*.png")
+    )

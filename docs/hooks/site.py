@@ -18,9 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def fence(text: str, language: str = "text") -> str:
+def fence(text: str, language: str = "text", title: str = "") -> str:
     ticks = "````" if "```" in text else "```"
-    return f"{ticks}{language}\n{ANSI.sub('', text).rstrip()}\n{ticks}"
+    heading = f' title="{title}"' if title else ""
+    return f"{ticks}{language}{heading}\n{ANSI.sub('', text).rstrip()}\n{ticks}"
 
 
 def output_parts(output: dict, image: str, images: dict[str, bytes]) -> list[str]:
@@ -29,14 +30,26 @@ def output_parts(output: dict, image: str, images: dict[str, bytes]) -> list[str
     if kind == "error":
         raise ValueError(f"a committed notebook output is an error: {output.get('ename')}")
     if kind == "stream":
-        return [fence("".join(output["text"]))]
+        return [fence("".join(output["text"]), title="output")]
     data = output.get("data", {})
     if "image/png" in data:
         images[image] = base64.b64decode("".join(data["image/png"]))
         return [f"![output]({pathlib.PurePath(image).relative_to('notebooks')})"]
     if "text/plain" in data:
-        return [fence("".join(data["text/plain"]))]
+        return [fence("".join(data["text/plain"]), title="output")]
     return []
+
+
+def merge_streams(outputs: list[dict]) -> list[dict]:
+    """The outputs with each run of consecutive stream outputs joined into one."""
+    merged: list[dict] = []
+    for output in outputs:
+        if merged and output["output_type"] == "stream" == merged[-1]["output_type"]:
+            text = "".join(merged[-1]["text"]) + "".join(output["text"])
+            merged[-1] = {**merged[-1], "text": text}
+        else:
+            merged.append(output)
+    return merged
 
 
 def notebook_page(path: pathlib.Path) -> tuple[str, dict[str, bytes]]:
@@ -49,7 +62,7 @@ def notebook_page(path: pathlib.Path) -> tuple[str, dict[str, bytes]]:
             parts.append(source)
         elif cell["cell_type"] == "code":
             parts.append(fence(source, "python"))
-            for k, output in enumerate(cell.get("outputs", [])):
+            for k, output in enumerate(merge_streams(cell.get("outputs", []))):
                 image = f"notebooks/{path.stem}/cell{number}_{k}.png"
                 parts.extend(output_parts(output, image, images))
     return "\n\n".join(parts) + "\n", images
