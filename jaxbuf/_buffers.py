@@ -55,7 +55,7 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
         used; storage is preallocated and zero-filled.
 
     Returns:
-      The state: `experience` leaves `[capacity, ...]` (replay) or `[num_envs,
+      The state, with `experience` leaves `[capacity, ...]` (replay) or `[num_envs,
       capacity, ...]`, counters `position`, `size`, `added`, the kind's `side`
       records and the `sampler`'s state.
     """
@@ -94,7 +94,7 @@ def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Ar
         a float or traced scalar) for `prioritized`.
 
     Returns:
-      A `Sample`: `experience` leaves `[B, *item]` (replay), `[B, L, *step]`
+      A `Sample` with `experience` leaves `[B, *item]` (replay), `[B, L, *step]`
       (trajectory windows, with `mask` `[B, L]` given a `done_fn`), a
       `Transition` of `[B, ...]` leaves (n-step transitions, with `length`), or
       `[B, max_length, *step]` (padded episodes, with `mask` and `length`);
@@ -136,7 +136,7 @@ def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: ja
       key: a PRNG key; it shuffles the next pass when this call begins one.
 
     Returns:
-      `(state, Sample)`: the state with the sampler moved on, and the batch as
+      `(state, Sample)`, the state with the sampler moved on, and the batch as
       `sample` gives it; rows past the end of the pass, or whose anchor was
       overwritten during the pass, are `valid` false.
     """

@@ -265,7 +265,7 @@ def make_episode_buffer(
         `[B, max_length]`.
 
     Returns:
-      An `EpisodeBuffer`: `init(example_step)`, `add(state, steps)` with leaves
+      A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
       `[num_envs, T, ...]`, `add_step(state, step)` with leaves `[num_envs, ...]`,
       `sample(state, key) -> EpisodeSample` and `can_sample(state)`.
 

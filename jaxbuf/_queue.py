@@ -82,7 +82,7 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
       sample_batch_size: items per `pop` (static).
 
     Returns:
-      A `Queue`: `init(example)`, `add(state, items)` with leaves
+      A `Queue` with `init(example)`, `add(state, items)` with leaves
       `[add_batch_size, ...]`, `pop(state) -> (state, Sample)`,
       `can_add(state)`, `can_sample(state)`.
 

@@ -155,7 +155,7 @@ def sample_to_insert_ratio(
         `2 * max(1, samples_per_insert)` wide and start at most at `s * m`.
 
     Returns:
-      A `RateLimiter`: `init()`, `can_insert(state, num_inserts=1)`,
+      A `RateLimiter` with `init()`, `can_insert(state, num_inserts=1)`,
       `can_sample(state, num_samples=1)` (bool scalars), and `inserted(state,
       n)`, `sampled(state, n)`, `deleted(state, n)` returning the new state. The
       counts may be traced.

@@ -59,7 +59,7 @@ def make_replay_buffer(
         keeping the newest `capacity` of them.
 
     Returns:
-      A `Buffer`: `init(example)`, `add(state, items)` with leaves `[B, ...]`,
+      A `Buffer` with `init(example)`, `add(state, items)` with leaves `[B, ...]`,
       `sample(state, key) -> Sample` whose `indices` are storage rows,
       `can_sample(state)`, `take(state, rows)`. `add` and `sample` raise at trace
       time on items of the wrong structure, shape or dtype; `sample` never fails

@@ -203,7 +203,7 @@ def find(tree: SumTreeState, fractions: jax.Array):
         prefix-sum interval holds `u * total`.
 
     Returns:
-      `(indices, values, total, minimum)`: int32 leaf indices `[B]`, their
+      `(indices, values, total, minimum)`, int32 leaf indices `[B]`, their
       values, and the tree's total and smallest positive leaf (repeated `[B]`).
       A descent never enters a child whose sum is zero while its sibling's is
       positive, so even when rounding puts a target at or past the total, every

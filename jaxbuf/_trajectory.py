@@ -197,7 +197,7 @@ def make_trajectory_buffer(
         stack); storage keeps one frame per step.
 
     Returns:
-      A `TrajectoryBuffer`: `init(example_step)`, `add(state, steps)` with leaves
+      A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
       `[num_envs, T, ...]`, `add_step(state, step)` with leaves `[num_envs, ...]`,
       `sample(state, key)` and `can_sample(state)`. A sequence never straddles the
       write position: its steps are consecutive in time, never the newest steps

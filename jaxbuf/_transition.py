@@ -379,7 +379,7 @@ def make_transition_buffer(
         the goal leaves. One-step transitions only (`n_step=1`), without `frames`.
 
     Returns:
-      A `Buffer`: `init(example)` with one `Transition` (or a dict with its field
+      A `Buffer` with `init(example)` taking one `Transition` (or a dict with its field
       names) without batch axes; `add(state, steps)` with leaves `[num_envs, T,
       ...]`; `add_step(state, step)` with leaves `[num_envs, ...]`; `sample(state,
       key) -> Sample` whose `experience` is a `Transition` of n-step transitions

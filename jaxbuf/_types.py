@@ -237,7 +237,9 @@ class BufferLike(Protocol):
     @property
     def config(self) -> Config: ...
 
-    def replace(self, **fields: Any) -> Any: ...
+    def replace(self, **fields: Any) -> Any:
+        """A copy with the given functions replaced (e.g. jitted and donated ones)."""
+        ...
 
 
 class InitFn(Protocol):

@@ -1,5 +1,6 @@
 """The documentation site builds in strict mode and fetches nothing from the network."""
 
+import inspect
 import json
 import os
 import pathlib
@@ -94,3 +95,30 @@ def test_screenshots_script_renders_the_site_offline(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         p.name for p in (ROOT / "docs" / "screenshots").glob("*.png")
     )
+
+
+def test_returns_sections_read_as_prose():
+    """A colon in a Returns section's first line would make its start the rendered type."""
+    offenders = []
+    for path in sorted((ROOT / "jaxbuf").rglob("*.py")):
+        for first in re.findall(r"\n\s*Returns:\n\s*(.*)", path.read_text()):
+            if ":" in re.sub(r"`[^`]*`", "", first):
+                offenders.append(f"{path.name}: {first}")
+    assert not offenders, offenders
+
+
+def test_every_public_name_and_method_has_a_docstring():
+    """mkdocstrings leaves an undocumented member out silently; this makes it an error."""
+    missing = []
+    for name in jaxbuf.__all__:
+        obj = getattr(jaxbuf, name)
+        if not callable(obj):  # constants (STEP_KEYS) are described where they are used
+            continue
+        doc = inspect.getdoc(obj) or ""
+        if not doc or doc.startswith(f"{name}("):  # a dataclass's generated signature
+            missing.append(name)
+        if inspect.isclass(obj):
+            for member, value in vars(obj).items():
+                if not member.startswith("_") and inspect.isfunction(value) and not value.__doc__:
+                    missing.append(f"{name}.{member}")
+    assert not missing, missing
