@@ -267,7 +267,7 @@ def make_episode_buffer(
     Returns:
       A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
       `[num_envs, T, ...]`, `add_step(state, step)` with leaves `[num_envs, ...]`,
-      `sample(state, key) -> EpisodeSample` and `can_sample(state)`.
+      `sample(state, key) -> Sample` and `can_sample(state)`.
 
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
