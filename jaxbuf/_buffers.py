@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxbuf import _storage
 from jaxbuf._goals import Relabeling
-from jaxbuf._samplers import Changes, Drawn, Sampler, uniform
+from jaxbuf._samplers import Changes, Drawn, Sampler
 from jaxbuf._types import Buffer, Config, PyTree, Sample
 
 
@@ -242,9 +242,6 @@ def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> 
         layout=layout,
         sampler=sampler,
     )
-
-
-DEFAULT_SAMPLER = uniform()
 
 
 def identity(x: Any) -> Any:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
-from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
 
@@ -229,7 +229,7 @@ def make_episode_buffer(
     min_episode_length: int = 1,
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
-    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+    sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
 ) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
 

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 
 from jaxbuf import _buffers, _storage, _validation
-from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import RingState
 from jaxbuf._types import Buffer, PyTree
 
@@ -44,7 +44,7 @@ def make_replay_buffer(
     sample_batch_size: int,
     *,
     min_size: int = 1,
-    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+    sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
     truncate_ok: bool = False,
 ) -> Buffer:
     """Makes a replay buffer: a FIFO ring of items, drawn by `sampler`.

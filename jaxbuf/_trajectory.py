@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf import _buffers, _frames, _storage, _validation
-from jaxbuf._samplers import Changes, Sampler
+from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
 
@@ -175,7 +175,7 @@ def make_trajectory_buffer(
     min_size: int | None = None,
     done_fn: Callable[[PyTree], jax.Array] | None = None,
     frames: Mapping[str, int] | None = None,
-    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+    sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
 ) -> Buffer:
     """Makes a buffer of per-environment trajectories that samples sequences.
 

@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
-from jaxbuf._samplers import Sampler
+from jaxbuf._samplers import Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree, Transition
 
@@ -345,7 +345,7 @@ def make_transition_buffer(
     min_size: int | None = None,
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
-    sampler: Sampler = _buffers.DEFAULT_SAMPLER,
+    sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
 
