@@ -190,9 +190,9 @@ class Transition(struct.PyTreeNode):
       truncated: bool per step: the episode was cut short (bootstrap from
         `next_obs`); in a sample, whether the k-th step was.
       next_obs: the observation after the step. Where the episode ended it must
-        be the FINAL observation (before any automatic reset, e.g. gymnax's and
-        Gymnasium's `info["final_observation"]`); elsewhere it equals the next
-        step's `obs` and is not stored.
+        be the FINAL observation (before any automatic reset: gymnax's
+        `info["final_observation"]`, Gymnasium 1.x's `info["final_obs"]`);
+        elsewhere it equals the next step's `obs` and is not stored.
       discount: None when added; in a sample, `gamma**k`, or 0 where the k-th
         step terminated.
 
