@@ -78,10 +78,16 @@ def evaluate_and_report(
     return score
 
 
-def command_line(main: Callable[[int, bool], float], doc: str) -> None:
-    """Runs a demo's `main(seed, quiet)` with `--seed` and `--quiet` from the command line."""
+def command_line(main: Callable[..., object], doc: str, **options: dict) -> None:
+    """Runs a demo's `main(seed, quiet, *extra)` with `--seed`, `--quiet` and `options`.
+
+    `options` maps each extra flag's name (`feed_forward` gives `--feed-forward`) to its
+    `argparse` keywords; the flags' values follow `seed` and `quiet`, in the order given.
+    """
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true")
+    for name, keywords in options.items():
+        parser.add_argument("--" + name.replace("_", "-"), **keywords)
     args = parser.parse_args()
-    main(args.seed, args.quiet)
+    main(args.seed, args.quiet, *(getattr(args, name) for name in options))

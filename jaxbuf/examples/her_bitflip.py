@@ -19,7 +19,6 @@ is evaluated on fresh episodes at the end.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any, NamedTuple
 
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import jitted_chunks
+from jaxbuf.examples._common import command_line, jitted_chunks
 
 CONFIG = dict(
     num_envs=16,  # episodes per cycle, as in the paper
@@ -241,11 +240,12 @@ def main(seed: int = 0, bits: int = 25, her: bool = True, quiet: bool = False,
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bits", type=int, default=25)
-    parser.add_argument("--cycles", type=int, default=CONFIG["cycles"])
-    parser.add_argument("--no-her", action="store_true", help="plain DQN, no relabeling")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args()
-    main(args.seed, args.bits, not args.no_her, args.quiet, {"cycles": args.cycles})
+    command_line(
+        lambda seed, quiet, bits, cycles, no_her: main(
+            seed, bits, not no_her, quiet, {"cycles": cycles}
+        ),
+        __doc__,
+        bits={"type": int, "default": 25},
+        cycles={"type": int, "default": CONFIG["cycles"]},
+        no_her={"action": "store_true", "help": "plain DQN, no relabeling"},
+    )

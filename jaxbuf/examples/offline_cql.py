@@ -21,7 +21,6 @@ interacted with.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import tempfile
 import time
@@ -34,7 +33,7 @@ import optax
 
 import jaxbuf
 from jaxbuf.examples import dqn_cartpole
-from jaxbuf.examples._common import evaluate_and_report
+from jaxbuf.examples._common import command_line, evaluate_and_report
 
 CONFIG = dict(
     record_timesteps=300_000,  # DQN steps recorded (all environments)
@@ -151,9 +150,6 @@ def main(seed: int = 0, quiet: bool = False, dataset: str | None = None,
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--dataset", help="folder for the dataset (reused if recorded already)")
-    args = parser.parse_args()
-    main(args.seed, args.quiet, args.dataset)
+    command_line(
+        main, __doc__, dataset={"help": "folder for the dataset (reused if recorded already)"}
+    )

@@ -29,7 +29,6 @@ of the last parameters) on fresh episodes.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any, NamedTuple
 
@@ -40,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import checksum, jitted_chunks
+from jaxbuf.examples._common import checksum, command_line, jitted_chunks
 
 CONFIG = dict(
     num_envs=16,
@@ -298,10 +297,11 @@ def main(seed: int = 0, quiet: bool = False, prioritized: bool = False, recurren
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--prioritized", action="store_true", help="prioritized sequences")
-    parser.add_argument("--feed-forward", action="store_true", help="no memory, for comparison")
-    args = parser.parse_args()
-    main(args.seed, args.quiet, args.prioritized, not args.feed_forward)
+    command_line(
+        lambda seed, quiet, prioritized, feed_forward: main(
+            seed, quiet, prioritized, recurrent=not feed_forward
+        ),
+        __doc__,
+        prioritized={"action": "store_true", "help": "prioritized sequences"},
+        feed_forward={"action": "store_true", "help": "no memory, for comparison"},
+    )

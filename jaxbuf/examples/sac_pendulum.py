@@ -19,7 +19,6 @@ takes one update of critics, actor and temperature.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any, NamedTuple
 
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxbuf
-from jaxbuf.examples._common import evaluate_and_report, jitted_chunks
+from jaxbuf.examples._common import command_line, evaluate_and_report, jitted_chunks
 
 CONFIG = dict(
     num_envs=4,
@@ -233,13 +232,5 @@ def main(seed: int = 0, quiet: bool = False, truncation_as_termination: bool = F
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument(
-        "--truncation-as-termination",
-        action="store_true",
-        help="store time limits as terminations (the bug, for comparison)",
-    )
-    args = parser.parse_args()
-    main(args.seed, args.quiet, args.truncation_as_termination)
+    bug = "store time limits as terminations (the bug, for comparison)"
+    command_line(main, __doc__, truncation_as_termination={"action": "store_true", "help": bug})
