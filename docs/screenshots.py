@@ -55,6 +55,7 @@ def serve(site: pathlib.Path):
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def chromium(browser: str, *arguments: str) -> str:
@@ -86,6 +87,16 @@ def check(path: pathlib.Path) -> None:
         raise SystemExit(f"{path} looks blank: {0 if colours is None else len(colours)} colours")
 
 
+def render_all(browser: str, site: pathlib.Path, out: pathlib.Path) -> None:
+    """Serves the built `site` and saves a checked screenshot of each of `PAGES` under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    with serve(site) as base:
+        for name, page, height in PAGES:
+            screenshot(browser, base + page, out / name, height)
+            check(out / name)
+            print(f"{base + page} -> {out / name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "screenshots")
@@ -94,16 +105,11 @@ def main() -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         raise SystemExit("Chromium not found: apt-get install chromium")
-    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         site = args.site or pathlib.Path(scratch) / "site"
         if args.site is None:
             build(site)
-        with serve(site) as base:
-            for name, page, height in PAGES:
-                screenshot(browser, base + page, args.out / name, height)
-                check(args.out / name)
-                print(f"{base + page} -> {args.out / name}")
+        render_all(browser, site, args.out)
 
 
 if __name__ == "__main__":
