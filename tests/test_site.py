@@ -1,5 +1,6 @@
 """The documentation site builds in strict mode and fetches nothing from the network."""
 
+import importlib.util
 import inspect
 import json
 import os
@@ -17,6 +18,14 @@ from PIL import Image
 import jaxbuf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def docs_script(path: str):
+    """Imports a script under docs/ as a module (docs/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, ROOT / "docs" / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_api_reference_lists_every_public_name_once():
@@ -64,11 +73,7 @@ def test_site_builds_strictly_and_offline(tmp_path):
 
 def test_returns_figure_shows_what_its_page_says(tmp_path):
     """docs/figures/returns.py: with exact values only truncation-aware targets equal them."""
-    sys.path.insert(0, str(ROOT / "docs" / "figures"))
-    try:
-        import returns as figure
-    finally:
-        sys.path.pop(0)
+    figure = docs_script("figures/returns.py")
     lines = figure.three_ways()
     exact = lines["values (exact)"]
     np.testing.assert_allclose(lines["truncation bootstraps (jaxbuf)"], exact, rtol=1e-5)
@@ -88,11 +93,7 @@ def test_screenshots_script_checks_what_the_browser_rendered(tmp_path, monkeypat
     """docs/screenshots.py, with a stand-in for Chromium (CI has none; run the script by hand
     where it is installed): every page it asks for is served from the built site and names
     jaxbuf in its title; Chromium's error page and a blank screenshot each fail the run."""
-    sys.path.insert(0, str(ROOT / "docs"))
-    try:
-        import screenshots
-    finally:
-        sys.path.pop(0)
+    screenshots = docs_script("screenshots.py")
     site, committed = tmp_path / "site", ROOT / "docs" / "screenshots"
     screenshots.build(site)
     asked = []
