@@ -23,6 +23,8 @@ the result).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,7 +35,7 @@ from jax import lax
 from jaxbuf import _validation
 from jaxbuf._validation import check_int
 
-_METHODS = ("scan", "associative")
+_METHODS = ("auto", "scan", "associative")
 
 
 def _time_major(**arrays: Any) -> tuple[jax.Array, ...]:
@@ -124,9 +126,23 @@ def _gae_scan(rewards, values, next_values, terminated, truncated, discount, gae
     return lax.scan(step, jnp.zeros_like(rewards[0]), inputs, reverse=True)[1]
 
 
+def per_platform(method: str, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args, method=...)` with `"auto"` resolved per lowering platform:
+    `"scan"` on CPU, `"associative"` elsewhere (`jax.lax.platform_dependent`)."""
+    if check_method(method) != "auto":
+        return function(*args, method=method)
+    return lax.platform_dependent(
+        *args,
+        cpu=functools.partial(function, method="scan"),
+        default=functools.partial(function, method="associative"),
+    )
+
+
 def _solve_backwards(deltas: jax.Array, coefficients: jax.Array, method: str) -> jax.Array:
     """`x_t = deltas_t + coefficients_t * x_{t+1}` for t = T-1, ..., 0, with `x_T = 0`."""
-    if check_method(method) == "scan":
+    if check_method(method) == "auto":
+        return per_platform(method, _solve_backwards, deltas, coefficients)
+    if method == "scan":
 
         def step(carry: jax.Array, inputs: tuple[jax.Array, jax.Array]):
             delta, coefficient = inputs
@@ -155,7 +171,7 @@ def gae(
     *,
     discount: Any,
     gae_lambda: Any,
-    method: str = "scan",
+    method: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
     """Generalized advantage estimation (Schulman et al., 2016).
 
@@ -178,9 +194,11 @@ def gae(
       truncated: bool `[T, *batch]`.
       discount: `gamma`, scalar or broadcastable to `[T, *batch]`.
       gae_lambda: `lambda`, scalar or broadcastable to `[T, *batch]`.
-      method: `"scan"` (`lax.scan`, reverse) or `"associative"`
-        (`lax.associative_scan`: logarithmic depth, for long horizons on
-        accelerators); they agree to float32 precision.
+      method: `"scan"` (`lax.scan`, reverse: `T` sequential steps),
+        `"associative"` (`lax.associative_scan`: `O(log T)` depth, no loop), or
+        `"auto"`: scan where the program is lowered for CPU, associative for
+        GPU and TPU (`jax.lax.platform_dependent`), the faster on each. They
+        agree to float32 precision.
 
     Returns:
       `(advantages, returns)`, both `[T, *batch]`.
@@ -201,15 +219,20 @@ def gae(
     )  # fmt: skip
     discount = _coefficient("discount", discount, rewards)
     gae_lambda = _coefficient("gae_lambda", gae_lambda, rewards)
-    if check_method(method) == "scan":
-        args = (rewards, values, next_values, terminated, truncated, discount, gae_lambda)
-        advantages = _gae_scan(*args)
-    else:
-        not_terminated = 1 - terminated.astype(rewards.dtype)
-        not_done = 1 - (terminated | truncated).astype(rewards.dtype)
-        deltas = rewards + discount * not_terminated * next_values - values
-        advantages = _solve_backwards(deltas, discount * gae_lambda * not_done, method)
+    args = (rewards, values, next_values, terminated, truncated, discount, gae_lambda)
+    advantages = per_platform(method, _advantages, *args)
     return advantages, advantages + values
+
+
+def _advantages(rewards, values, next_values, terminated, truncated, discount, gae_lambda, *,
+                method: str) -> jax.Array:  # fmt: skip
+    """GAE's advantages by `"scan"` or `"associative"` (arguments as checked by `gae`)."""
+    if method == "scan":
+        return _gae_scan(rewards, values, next_values, terminated, truncated, discount, gae_lambda)
+    not_terminated = 1 - terminated.astype(rewards.dtype)
+    not_done = 1 - (terminated | truncated).astype(rewards.dtype)
+    deltas = rewards + discount * not_terminated * next_values - values
+    return _solve_backwards(deltas, discount * gae_lambda * not_done, method)
 
 
 def lambda_returns(
@@ -220,7 +243,7 @@ def lambda_returns(
     *,
     discount: Any,
     lambda_: Any,
-    method: str = "scan",
+    method: str = "auto",
 ) -> jax.Array:
     """TD(lambda) returns, bootstrapped from `next_values`.
 
@@ -238,7 +261,7 @@ def lambda_returns(
       truncated: bool `[T, *batch]`.
       discount: scalar or broadcastable to `[T, *batch]`.
       lambda_: scalar or broadcastable to `[T, *batch]`.
-      method: `"scan"` or `"associative"`, as for `gae`.
+      method: `"auto"`, `"scan"` or `"associative"`, as for `gae`.
 
     Returns:
       `[T, *batch]`.
@@ -274,7 +297,7 @@ def discounted_returns(
     truncated: jax.Array,
     *,
     discount: Any,
-    method: str = "scan",
+    method: str = "auto",
 ) -> jax.Array:
     """Discounted rewards-to-go (the PPO buffer's `discount_cumsum`), bootstrapped.
 
@@ -293,7 +316,7 @@ def discounted_returns(
       terminated: bool `[T, *batch]`.
       truncated: bool `[T, *batch]`.
       discount: scalar or broadcastable to `[T, *batch]`.
-      method: `"scan"` or `"associative"`, as for `gae`.
+      method: `"auto"`, `"scan"` or `"associative"`, as for `gae`.
 
     Returns:
       `[T, *batch]`.

@@ -163,7 +163,7 @@ def make_rollout_buffer(
     discount: float,
     gae_lambda: float,
     normalize_advantages: bool = True,
-    method: str = "scan",
+    method: str = "auto",
 ) -> RolloutBuffer:
     """Makes an on-policy rollout buffer (PPO): store steps, compute GAE, minibatch.
 
@@ -182,7 +182,8 @@ def make_rollout_buffer(
       gae_lambda: `lambda` of GAE.
       normalize_advantages: whether `minibatches` rescales the advantages to
         zero mean and unit standard deviation over the whole rollout.
-      method: `"scan"` or `"associative"`, as for `jaxbuf.gae`.
+      method: `"auto"` (scan on CPU, associative scan on accelerators),
+        `"scan"` or `"associative"`, as for `jaxbuf.gae`.
 
     Returns:
       A `RolloutBuffer` of pure functions `init(example_step)`, `add(state, step)`

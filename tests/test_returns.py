@@ -77,7 +77,7 @@ def test_gae_matches_numpy(method, coefficients):
     np.testing.assert_allclose(returns, want[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["scan", "associative"])
+@pytest.mark.parametrize("method", ["auto", "scan", "associative"])
 def test_lambda_and_discounted_returns_match_numpy(method):
     r, _, nv, term, trunc = rollout(2)
     shape = r.shape
@@ -141,6 +141,35 @@ def test_scan_and_associative_agree_on_long_horizons():
     associative = jaxbuf.gae(r, v, nv, term, trunc, method="associative", **kw)
     for a, b in zip(scan, associative, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _lowered(function, platform, *args):
+    return jax.export.export(jax.jit(function), platforms=(platform,))(*args).mlir_module()
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        lambda *a, **k: jaxbuf.gae(*a, discount=0.99, gae_lambda=0.95, **k)[0],
+        lambda r, v, nv, *a, **k: jaxbuf.lambda_returns(r, nv, *a, discount=0.99, lambda_=0.9, **k),
+        lambda r, v, nv, *a, **k: jaxbuf.discounted_returns(r, nv, *a, discount=0.99, **k),
+    ],
+    ids=["gae", "lambda_returns", "discounted_returns"],
+)
+def test_auto_is_scan_on_cpu_and_associative_on_accelerators(estimator):
+    """The default takes a loop-free path when lowered for an accelerator, the scan on CPU,
+    and both paths agree over long horizons with episode ends."""
+    args = rollout(7, shape=(2048, 4), p_end=0.003)
+    default = jax.jit(estimator)(*args)  # method="auto", run here on the CPU
+    np.testing.assert_array_equal(default, jax.jit(lambda *a: estimator(*a, method="scan"))(*args))
+    associative = estimator(*args, method="associative")
+    np.testing.assert_allclose(default, associative, rtol=2e-5, atol=2e-5)
+    assert "stablehlo.while" in _lowered(estimator, "cpu", *args)
+    for platform in ("cuda", "tpu"):
+        text = _lowered(estimator, platform, *args)
+        assert "stablehlo.while" not in text, platform
+        same = _lowered(lambda *a: estimator(*a, method="associative"), platform, *args)
+        assert text.count("stablehlo.slice") == same.count("stablehlo.slice") > 0, platform
 
 
 @pytest.mark.parametrize("method", ["scan", "associative"])

@@ -170,7 +170,7 @@ def test_a_whole_ppo_style_update_runs_in_one_jit_without_retracing():
         (dict(discount=1.5), ValueError, "discount must be in [0, 1], got 1.5"),
         (dict(gae_lambda="0.9"), TypeError, "gae_lambda must be a number in [0, 1], got '0.9'"),
         (dict(normalize_advantages=1), TypeError, "normalize_advantages must be a bool"),
-        (dict(method="fast"), ValueError, "method must be one of ('scan', 'associative')"),
+        (dict(method="fast"), ValueError, "method must be one of ('auto', 'scan', 'associative')"),
     ],
 )
 def test_bad_configuration_is_named(kwargs, error, message):
