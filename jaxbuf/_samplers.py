@@ -195,13 +195,18 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
         )
 
     def after_add(state: PriorityState, changes: Changes) -> PriorityState:
-        tree = state.tree
-        if changes.cleared is not None:  # -1 marks no slot
-            zero = jnp.zeros(changes.cleared.shape, jnp.float32)
-            tree = _sumtree.update(tree, changes.cleared, zero, changes.cleared >= 0, unique=True)
-        value = jnp.broadcast_to(state.max_priority**alpha, changes.filled.shape)
-        tree = _sumtree.update(tree, changes.filled, value, changes.keep, unique=True)
-        return state.replace(tree=tree)
+        filled = changes.filled
+        value = jnp.broadcast_to(state.max_priority**alpha, filled.shape)
+        keep = jnp.ones(filled.shape, bool) if changes.keep is None else changes.keep
+        if changes.cleared is None:
+            tree = _sumtree.update(state.tree, filled, value, keep, unique=True)
+            return state.replace(tree=tree)
+        # One update: the cleared slots (-1 marks none) get 0, then the filled ones
+        # their priority, a slot in both ending filled (the later entry wins).
+        slots = jnp.concatenate([changes.cleared, filled])
+        values = jnp.concatenate([jnp.zeros(changes.cleared.shape, jnp.float32), value])
+        keep = jnp.concatenate([changes.cleared >= 0, keep])
+        return state.replace(tree=_sumtree.update(state.tree, slots, values, keep))
 
     def draw(layout, state, key, count: int, *, importance_exponent=0.4) -> Drawn:
         _check_importance_exponent(importance_exponent)

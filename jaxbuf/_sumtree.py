@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxbuf import _sumtree_blocks
+
 
 class SumTreeState(struct.PyTreeNode):
     """Sums and minima of the leaf values below every node.
@@ -51,20 +53,22 @@ def init(capacity: int) -> SumTreeState:
     """A tree of `capacity` leaves, all zero."""
     size = 2 * (1 << max(capacity - 1, 0).bit_length())
     minima = jnp.full(size, jnp.inf, jnp.float32)
-    return _with_minimum(jnp.zeros(size, jnp.float32), minima)
+    return with_minimum(jnp.zeros(size, jnp.float32), minima)
 
 
-def _leaf_offset(tree: SumTreeState) -> int:
+def leaf_offset(tree: SumTreeState) -> int:
+    """`P`, the node of leaf 0."""
     return tree.sums.shape[0] // 2
 
 
-def _depth(tree: SumTreeState) -> int:
-    return _leaf_offset(tree).bit_length() - 1
+def depth(tree: SumTreeState) -> int:
+    """`log2 P`, the levels between the root and the leaves."""
+    return leaf_offset(tree).bit_length() - 1
 
 
 def leaves(tree: SumTreeState, indices: jax.Array) -> jax.Array:
     """The leaf values at `indices` (int32, in `[0, capacity)`)."""
-    return tree.sums[indices + _leaf_offset(tree)]
+    return tree.sums[indices + leaf_offset(tree)]
 
 
 def last_occurrence(indices: jax.Array) -> jax.Array:
@@ -80,7 +84,8 @@ def last_occurrence(indices: jax.Array) -> jax.Array:
     return jnp.zeros(indices.shape, bool).at[order].set(last, unique_indices=True)
 
 
-def _positive_or_inf(values: jax.Array) -> jax.Array:
+def positive_or_inf(values: jax.Array) -> jax.Array:
+    """A leaf's entry in the min tree: its value if positive, else `inf`."""
     return jnp.where(values > 0, values, jnp.inf)
 
 
@@ -106,14 +111,15 @@ def update(
         the parallel method).
       method: `"sequential"` walks each leaf's path to the root in turn, in scalar
         loops, which XLA compiles tightly on CPU (40 us against 150 for B = 256
-        at capacity 1e6); `"parallel"` recomputes one level of every path at a
-        time, for accelerators. None picks per lowering platform with
+        at capacity 1e6); `"parallel"` recomputes `_sumtree_blocks.LEVELS`
+        levels of every path per wide access, with no loop, for accelerators.
+        Both give the same tree bit for bit. None picks per lowering platform with
         `jax.lax.platform_dependent` (sequential on CPU, parallel elsewhere), so
         a program exported from a CPU host for `cuda` gets the parallel method.
     """
     keep = jnp.ones(indices.shape, bool) if keep is None else keep
     sequential = jax.named_call(_update_sequential, name="sumtree_sequential")
-    parallel = jax.named_call(functools.partial(_update_parallel, unique=unique),
+    parallel = jax.named_call(functools.partial(_sumtree_blocks.update, unique=unique),
                               name="sumtree_parallel")  # fmt: skip
     if method is None:
         return jax.lax.platform_dependent(
@@ -124,37 +130,14 @@ def update(
     return (sequential if method == "sequential" else parallel)(tree, indices, values, keep)
 
 
-def _update_parallel(tree, indices, values, keep, *, unique: bool) -> SumTreeState:
-    """One level of every path at a time; the last kept occurrence of an index wins."""
-    if not unique:
-        marked = jnp.where(keep, indices, -1 - jnp.arange(len(keep)))
-        keep = keep & last_occurrence(marked)
-    size = tree.sums.shape[0]  # out of bounds: the write is dropped
-    rows = jnp.where(keep, indices + _leaf_offset(tree), size)
-    sums = tree.sums.at[rows].set(values, mode="drop")
-    minima = tree.minima.at[rows].set(_positive_or_inf(values), mode="drop")
-
-    def level(_, carry):  # a loop, not unrolled: on CPU about 3x faster at B = 256
-        rows, sums, minima = carry
-        rows = jnp.where(rows < size, rows // 2, size)
-        left, right = 2 * rows, 2 * rows + 1
-        sums = sums.at[rows].set(sums.at[left].get(mode="clip") + sums.at[right].get(mode="clip"),
-                                 mode="drop")  # fmt: skip
-        low = jnp.minimum(minima.at[left].get(mode="clip"), minima.at[right].get(mode="clip"))
-        return rows, sums, minima.at[rows].set(low, mode="drop")
-
-    _, sums, minima = jax.lax.fori_loop(0, _depth(tree), level, (rows, sums, minima))
-    return _with_minimum(sums, minima)
-
-
-def _with_minimum(sums: jax.Array, minima: jax.Array) -> SumTreeState:
+def with_minimum(sums: jax.Array, minima: jax.Array) -> SumTreeState:
     """The tree, with the root's minimum copied into the unused node 0 of `sums`."""
     return SumTreeState(sums=jax.lax.dynamic_update_slice(sums, minima[1:2], (0,)), minima=minima)
 
 
 def _update_sequential(tree, indices, values, keep) -> SumTreeState:
     """One leaf after another (so the last occurrence wins), each path in a scalar loop."""
-    offset = _leaf_offset(tree)
+    offset = leaf_offset(tree)
 
     def level(_, carry):
         row, sums, minima = carry
@@ -175,16 +158,16 @@ def _update_sequential(tree, indices, values, keep) -> SumTreeState:
         old_sum = jax.lax.dynamic_slice(sums, (row,), (1,))
         old_min = jax.lax.dynamic_slice(minima, (row,), (1,))
         sums = jax.lax.dynamic_update_slice(sums, jnp.where(kept, value, old_sum), (row,))
-        low = jnp.where(kept, _positive_or_inf(value), old_min)
+        low = jnp.where(kept, positive_or_inf(value), old_min)
         minima = jax.lax.dynamic_update_slice(minima, low, (row,))
-        _, sums, minima = jax.lax.fori_loop(0, _depth(tree), level, (row, sums, minima))
+        _, sums, minima = jax.lax.fori_loop(0, depth(tree), level, (row, sums, minima))
         return (sums, minima), None
 
     (sums, minima), _ = jax.lax.scan(one, (tree.sums, tree.minima), (indices, values, keep))
-    return _with_minimum(sums, minima)
+    return with_minimum(sums, minima)
 
 
-def _descend(node, targets, left, right):
+def descend(node, targets, left, right):
     """One level down from `node` `[B]` with children sums `left`, `right` `[B]`.
 
     Never enters a child whose sum is zero while its sibling's is positive.
@@ -196,6 +179,11 @@ def _descend(node, targets, left, right):
 
 def find(tree: SumTreeState, fractions: jax.Array):
     """Draws leaves in proportion to their values.
+
+    Where lowered for CPU the descent runs in a loop, two levels per iteration;
+    for accelerators `_sumtree_blocks.find` takes the same steps with no loop,
+    several levels per gather (`jax.lax.platform_dependent`). Both find the same
+    leaves bit for bit.
 
     Args:
       tree: the tree.
@@ -210,6 +198,16 @@ def find(tree: SumTreeState, fractions: jax.Array):
       leaf found has a positive value whenever the total is positive. With a
       zero total the indices are meaningless (but in `[0, P)`).
     """
+    found = jax.lax.platform_dependent(
+        tree, fractions, cpu=_find_in_loop, default=_sumtree_blocks.find
+    )
+    # The barrier keeps XLA from fusing reads of the tree into later consumers of
+    # these results, where they would no longer precede an update of the tree.
+    return jax.lax.optimization_barrier(found)
+
+
+def _find_in_loop(tree: SumTreeState, fractions: jax.Array):
+    """`find`, two levels per loop iteration (the CPU path)."""
     sums = tree.sums
     # Read the root by a gather at an index XLA cannot fold into a constant: a
     # static slice of the tree makes XLA copy the whole tree before an update.
@@ -220,23 +218,21 @@ def find(tree: SumTreeState, fractions: jax.Array):
     root = sums.at[node[:, None] - jnp.arange(2, dtype=jnp.int32)[None, :]].get(mode="clip")
     total, smallest = root[:, 0], root[:, 1]
     state = (node, fractions * total, total)
-    if _depth(tree) % 2:  # one level alone, then two at a time
+    if depth(tree) % 2:  # one level alone, then two at a time
         pair = sums.at[2 * node[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]].get(mode="clip")
-        state = _descend(node, state[1], pair[:, 0], pair[:, 1])
+        state = descend(node, state[1], pair[:, 0], pair[:, 1])
 
     def two_levels(_, state):
         node, targets, _ = state  # node < P / 2: its grandchildren are inner nodes or leaves
         below = 4 * node[:, None] + jnp.arange(4, dtype=jnp.int32)[None, :]
         grand = sums.at[below].get(mode="promise_in_bounds")  # [B, 4], contiguous
-        node, targets, _ = _descend(
+        node, targets, _ = descend(
             node, targets, grand[:, 0] + grand[:, 1], grand[:, 2] + grand[:, 3]
         )  # the children's sums, bit for bit
         right = (node % 2).astype(bool)
         left_pair = jnp.where(right, grand[:, 2], grand[:, 0])
         right_pair = jnp.where(right, grand[:, 3], grand[:, 1])
-        return _descend(node, targets, left_pair, right_pair)
+        return descend(node, targets, left_pair, right_pair)
 
-    node, _, value = jax.lax.fori_loop(0, _depth(tree) // 2, two_levels, state)
-    # The barrier keeps XLA from fusing reads of the tree into later consumers of
-    # these results, where they would no longer precede an update of the tree.
-    return jax.lax.optimization_barrier((node - _leaf_offset(tree), value, total, smallest))
+    node, _, value = jax.lax.fori_loop(0, depth(tree) // 2, two_levels, state)
+    return node - leaf_offset(tree), value, total, smallest

@@ -18,3 +18,17 @@ def variant(request):
     absltest; chex's decorator does not compose with pytest's parametrize.
     """
     return jax.jit if request.param == "jit" else (lambda fn: fn)
+
+
+@pytest.fixture(params=["cpu path", "accelerator path"])
+def platform_path(request, monkeypatch):
+    """Runs a test twice on this CPU: with the CPU paths, and with the paths that
+    `jax.lax.platform_dependent` picks where a program is lowered for a GPU or TPU
+    (its `default=` branch), so both are checked against the same references."""
+    if request.param == "accelerator path":
+
+        def default_branch(*args, default, **branches):
+            return default(*args)
+
+        monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
+    return request.param

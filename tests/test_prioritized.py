@@ -11,7 +11,7 @@ import pytest
 from reference import prioritized_replay, rejects_and_keeps_state
 from scipy import stats
 
-from jaxbuf import _sumtree
+from jaxbuf import _sumtree, _sumtree_blocks
 
 EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros(2)}
 
@@ -86,7 +86,7 @@ def test_sum_tree_matches_numpy_after_random_updates_with_duplicates(variant, me
             np.testing.assert_array_equal(smallest, np.full(64, positive.min()))
 
 
-def test_random_operations_match_the_reference_at_every_wrap():
+def test_random_operations_match_the_reference_at_every_wrap(platform_path):
     capacity, batch, alpha = 10, 64, 0.7
     buffer = prioritized_replay(capacity, batch, priority_exponent=alpha)
     add = jax.jit(buffer.add, donate_argnums=0)
@@ -264,6 +264,40 @@ def test_add_and_sample_errors_are_named():
         buffer.sample(state, jax.random.key(0), importance_exponent=jnp.int32(1))
     batch = jax.jit(buffer.sample)(state, jax.random.key(0))  # empty: placeholders, all invalid
     assert not batch.valid.any() and not batch.weights.any()
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 33, 1000, 5000, 70_000])
+def test_block_paths_give_the_cpu_paths_tree_and_draws_bit_for_bit(capacity):
+    """The accelerator paths (several levels per access, no loop) against the CPU paths on
+    float values with zeros, duplicates and skipped entries, at depths 0 to 17 (jumps of
+    every remainder): the same sums and minima, the same leaves drawn, bit for bit."""
+    rng = np.random.default_rng(capacity)
+    sequential = jax.jit(functools.partial(_sumtree.update, method="sequential"))
+    parallel = jax.jit(functools.partial(_sumtree.update, method="parallel"))
+    loop, blocks = jax.jit(_sumtree._find_in_loop), jax.jit(_sumtree_blocks.find)
+    one = other = _sumtree.init(capacity)
+    for _ in range(12):
+        count = int(rng.integers(1, 300))
+        indices = jnp.asarray(rng.integers(0, capacity, count), jnp.int32)
+        values = rng.exponential(size=count) * (rng.random(count) > 0.2)
+        values = jnp.asarray(values * 10.0 ** rng.integers(-6, 6, count), jnp.float32)
+        keep = jnp.asarray(rng.random(count) < 0.8)
+        one, other = sequential(one, indices, values, keep), parallel(other, indices, values, keep)
+        np.testing.assert_array_equal(one.sums, other.sums)
+        np.testing.assert_array_equal(one.minima, other.minima)
+        edges = [0.0, 1e-9, 0.5, 1 - 2**-24, 1.0, np.nextafter(np.float32(1), np.float32(2))]
+        fractions = jnp.asarray(np.concatenate([rng.random(509), edges]), jnp.float32)
+        for a, b in zip(loop(one, fractions), blocks(one, fractions), strict=True):
+            np.testing.assert_array_equal(a, b)
+        found, value, total, _ = blocks(one, fractions)
+        if float(total[0]) > 0:
+            assert (np.asarray(value) > 0).all() and (np.asarray(found) < capacity).all()
+
+
+def test_jumps_cover_the_depth_with_the_remainder_first():
+    assert _sumtree_blocks.jumps(0) == [] and _sumtree_blocks.jumps(5) == [5]
+    assert _sumtree_blocks.jumps(12) == [2, 5, 5] and _sumtree_blocks.jumps(20) == [5, 5, 5, 5]
+    assert _sumtree_blocks.jumps(7, 3) == [1, 3, 3]
 
 
 def test_parallel_update_of_more_than_1024_entries_keeps_the_last_kept_duplicate():
