@@ -349,8 +349,12 @@ def epochs() -> Sampler:
     returns what `next_batch` would, without moving on. `state.sampler.epoch`
     counts the passes begun.
 
-    Each pass begins with a sort of `num_slots` random keys (O(N log N), once
-    per pass); the state holds 5 bytes per slot.
+    Each pass begins with a sort of `num_slots` random keys (O(N log N)); the
+    state holds 5 bytes per slot. Where lowered for CPU the sort runs once per
+    pass, behind a `lax.cond`; for GPUs and TPUs, where a `cond` sends its
+    predicate to the host, every call computes the next pass's order and keeps
+    it only when a pass begins (`jnp.where`): no branch, one sort per call. The
+    batches are the same on every platform.
 
     Returns:
       A `Sampler` for the `sampler=` argument of the `make_*` factories.
@@ -399,8 +403,16 @@ def epochs() -> Sampler:
 
     def draw(layout, state, key, count: int) -> Drawn:
         current = state.sampler
-        current = jax.lax.cond(current.cursor >= current.size,
-                               lambda: begin(layout, state, key), lambda: current)  # fmt: skip
+        ended = current.cursor >= current.size
+
+        def branch() -> EpochState:  # CPU: shuffle only when a pass begins
+            return jax.lax.cond(ended, lambda: begin(layout, state, key), lambda: current)
+
+        def select() -> EpochState:  # accelerators: no host round trip for the predicate
+            fresh = begin(layout, state, key)
+            return jax.tree.map(lambda new, old: jnp.where(ended, new, old), fresh, current)
+
+        current = jax.lax.platform_dependent(cpu=branch, default=select)
         positions = current.cursor + jnp.arange(count, dtype=jnp.int32)
         slots = current.order[jnp.minimum(positions, layout.num_slots - 1)]
         valid = (positions < current.size) & current.member[slots] & layout.usable(state, slots)

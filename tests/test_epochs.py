@@ -52,7 +52,7 @@ def drawable(kind, history, capacity):
 
 
 @pytest.mark.parametrize("kind", ["replay", "trajectory", "transition"])
-def test_every_anchor_once_per_pass_with_adds_between(kind):
+def test_every_anchor_once_per_pass_with_adds_between(kind, platform_path):
     capacity, batch = 13, 4
     buffer = make(kind, capacity, batch)
     add, next_batch = jax.jit(buffer.add), jax.jit(buffer.next_batch)
@@ -82,7 +82,7 @@ def test_every_anchor_once_per_pass_with_adds_between(kind):
     assert passes > 10
 
 
-def test_passes_are_shuffled_differently_and_sample_peeks():
+def test_passes_are_shuffled_differently_and_sample_peeks(platform_path):
     buffer = jaxbuf.make_replay_buffer(64, 16, sampler=jaxbuf.epochs())
     state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(64, dtype=jnp.int32))
     orders, sample, next_batch = [], jax.jit(buffer.sample), jax.jit(buffer.next_batch)
