@@ -32,7 +32,7 @@ class Layout(NamedTuple):
     """A sampled kind's storage, anchors and unit (see the module docstring)."""
 
     init: Callable[[PyTree], Any]
-    write: Callable[[Any, PyTree], tuple[Any, Changes]]
+    write: Callable[..., tuple[Any, Changes]]  # (state, data, where=None)
     num_slots: int
     groups: int
     counts: Callable[[Any], jax.Array]
@@ -62,7 +62,8 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
     return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
 
 
-def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree) -> Any:
+def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree, *,
+        where: Any = None) -> Any:  # fmt: skip
     """Adds data and returns the new state; donate the state to write in place.
 
     Args:
@@ -70,18 +71,49 @@ def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree) -> Any:
       data: leaves `[B, *item]` (replay) or `[num_envs, T, *step]` (trajectory,
         transition, episode; `T <= capacity`), with the example's structure and
         dtypes (checked at trace time, errors naming the leaf).
+      where: optional bool scalar (traced or not): with false, the call stores
+        nothing and returns the state as it was, bit for bit. A masked write,
+        not a branch: the rows go out of bounds, where the scatter drops them,
+        so gating `add` on a rate limiter inside `jit` costs no `lax.cond` (a
+        host round trip on GPUs) and the same O(B) as an add.
 
     Returns:
       The new state.
     """
-    state, changes = layout.write(state, data)
+    where = check_where(where)
+    state, changes = layout.write(state, data, where)
+    changes = _gate_changes(changes, where)
     return state.replace(sampler=sampler.after_add(state.sampler, changes))
 
 
-def add_step(layout: Layout, sampler: Sampler, state: Any, step: PyTree) -> Any:
-    """Adds one step per environment, leaves `[num_envs, *step]`: `add` with `T = 1`."""
+def check_where(where: Any, shape: tuple[int, ...] = ()) -> jax.Array | None:
+    """`where` as a bool array of `shape` (None stays None), or a named error."""
+    if where is None:
+        return None
+    if getattr(where, "dtype", type(where)) not in (bool, jnp.bool_) or jnp.shape(where) != shape:
+        got = getattr(where, "dtype", type(where).__name__)
+        raise TypeError(
+            f"where must be a bool array of shape {list(shape)} (whether to store the data), "
+            f"got {got}{list(jnp.shape(where))}."
+        )
+    return jnp.asarray(where)
+
+
+def _gate_changes(changes: Changes, where: jax.Array | None) -> Changes:
+    """No slot changes where nothing was written."""
+    if where is None:
+        return changes
+    keep = where if changes.keep is None else changes.keep & where
+    cleared = None if changes.cleared is None else jnp.where(where, changes.cleared, -1)
+    return changes.replace(cleared=cleared, keep=jnp.broadcast_to(keep, changes.filled.shape))
+
+
+def add_step(layout: Layout, sampler: Sampler, state: Any, step: PyTree, *,
+             where: Any = None) -> Any:  # fmt: skip
+    """Adds one step per environment, leaves `[num_envs, *step]`: `add` with `T = 1`
+    (`where` as for `add`)."""
     assert layout.one_step is not None
-    return add(layout, sampler, state, layout.one_step(state, step))
+    return add(layout, sampler, state, layout.one_step(state, step), where=where)
 
 
 def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array, **options):

@@ -135,9 +135,10 @@ def _changes(before: EpisodeRecords, after: EpisodeRecords, pushed, written: int
 def _writer(num_envs: int, capacity: int, done_fn):
     write_steps = _trajectory.step_writer(num_envs, capacity)
 
-    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, Changes]:
-        after, written = write_steps(state, steps)  # validates `steps`
+    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
+        after, written = write_steps(state, steps, where)  # validates `steps`
         done = _trajectory.apply_done_fn(done_fn, steps)  # [N, T]
+        done = done if where is None else done & where  # no records for steps not written
         records = _record(state, done, capacity)
         records = records.replace(size=records.size - _overwritten(after, records, written))
         pushed = done.sum(axis=1, dtype=jnp.int32)

@@ -4,8 +4,12 @@ The limiter keeps the learner's sampling and the actors' inserting in a given
 ratio. It is a small pure state beside the buffer's: ask `can_insert` and
 `can_sample`, and report what was done with `inserted` and `sampled` (and
 `deleted`, for kinds that remove items, such as a queue's `pop`). Inside `jit`
-gate the calls with `lax.cond` or loop with `lax.while_loop`; from Python, call
-them between jitted steps.
+gate without a branch: pass the answer as `where=` to the buffer's `add` (a
+masked write that stores nothing when false) and to `inserted`/`sampled` (which
+then count nothing), and learn only from `valid` rows of a batch drawn where
+sampling was allowed. On a GPU a `lax.cond` sends its predicate to the host on
+every step; the masked form costs what the ungated step costs. From Python,
+call them between jitted steps.
 
 With `size` the items stored and `diff = inserts * samples_per_insert -
 samples`, Reverb's rules are:
@@ -63,12 +67,18 @@ class RateLimiter(_Record):
     """The pure functions of a rate limiter (see `sample_to_insert_ratio`).
 
     Examples:
-      >>> import jax, jaxbuf
+      >>> import jax, jax.numpy as jnp, jaxbuf
       >>> limiter = jaxbuf.sample_to_insert_ratio(1.0, min_size_to_sample=1, error_buffer=2.0)
-      >>> gated = jax.jit(lambda s: jax.lax.cond(
-      ...     limiter.can_insert(s, 1), lambda s: limiter.inserted(s, 1), lambda s: s, s))
-      >>> int(gated(limiter.init()).size)
-      1
+      >>> buffer = jaxbuf.make_replay_buffer(8, 2)
+      >>> @jax.jit
+      ... def insert(state, limits, items):  # branch-free: a masked write
+      ...     allowed = limiter.can_insert(limits, 2)
+      ...     return buffer.add(state, items, where=allowed), limiter.inserted(limits, 2, allowed)
+      >>> state, limits = buffer.init(jnp.float32(0)), limiter.init()
+      >>> for _ in range(3):
+      ...     state, limits = insert(state, limits, jnp.ones(2))
+      >>> int(state.size), int(limits.size)  # the later inserts wait for samples
+      (2, 2)
     """
 
     init: Callable[[], RateLimiterState]
@@ -129,6 +139,16 @@ def _count(name: str, value: Any) -> jax.Array:
     return jnp.minimum(jnp.asarray(value, jnp.int32), MAX_COUNT)
 
 
+def _gated(count: jax.Array, where: Any) -> jax.Array:
+    """`count`, or 0 where `where` (an optional bool scalar) is false."""
+    if where is None:
+        return count
+    if getattr(where, "dtype", type(where)) not in (bool, jnp.bool_) or jnp.shape(where) != ():
+        got = getattr(where, "dtype", type(where).__name__)
+        raise TypeError(f"where must be a bool scalar, got {got}{list(jnp.shape(where))}.")
+    return jnp.where(where, count, 0)
+
+
 def _bound(value: Any, rounding: Callable[[Any], int]) -> int:
     """A limit on `credit` as an int32 (rounded toward the allowed side)."""
     limit = _validation.MAX_INT32
@@ -157,8 +177,9 @@ def sample_to_insert_ratio(
     Returns:
       A `RateLimiter` with `init()`, `can_insert(state, num_inserts=1)`,
       `can_sample(state, num_samples=1)` (bool scalars), and `inserted(state,
-      n)`, `sampled(state, n)`, `deleted(state, n)` returning the new state. The
-      counts may be traced.
+      n, where=None)`, `sampled(state, n, where=None)`, `deleted(state, n,
+      where=None)` returning the new state (counting nothing where `where` is
+      false). The counts and `where` may be traced.
 
     Examples:
       >>> import jaxbuf
@@ -197,18 +218,21 @@ def sample_to_insert_ratio(
         n = _count("num_samples", num_samples)
         return (state.size >= min_size) & (_validation.count_up(state.credit, -q * n) >= least)
 
-    def inserted(state: RateLimiterState, n: Any) -> RateLimiterState:
-        """The state after `n` items were inserted."""
-        n = _count("n", n)
+    def inserted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
+        """The state after `n` items were inserted (none where `where` is false)."""
+        n = _gated(_count("n", n), where)
         return state.replace(size=_validation.count_up(state.size, n),
                              credit=_validation.count_up(state.credit, p * n))  # fmt: skip
 
-    def sampled(state: RateLimiterState, n: Any) -> RateLimiterState:
-        """The state after `n` items were sampled (a batch of B counts B)."""
-        return state.replace(credit=_validation.count_up(state.credit, -q * _count("n", n)))
+    def sampled(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
+        """The state after `n` items were sampled (a batch of B counts B; none where
+        `where` is false)."""
+        n = _gated(_count("n", n), where)
+        return state.replace(credit=_validation.count_up(state.credit, -q * n))
 
-    def deleted(state: RateLimiterState, n: Any) -> RateLimiterState:
-        """The state after `n` items left the buffer (a queue's `pop`, say)."""
-        return state.replace(size=jnp.maximum(state.size - _count("n", n), 0))
+    def deleted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
+        """The state after `n` items left the buffer (a queue's `pop`, say; none where
+        `where` is false)."""
+        return state.replace(size=jnp.maximum(state.size - _gated(_count("n", n), where), 0))
 
     return RateLimiter(init, can_insert, can_sample, inserted, sampled, deleted, config)

@@ -17,11 +17,11 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
         spec = _validation.item_spec(example)
         return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
 
-    def write(state: RingState, items: PyTree) -> tuple[RingState, Changes]:
+    def write(state: RingState, items: PyTree, where=None) -> tuple[RingState, Changes]:
         spec = _storage.item_spec(state.experience, 0)
         (batch,) = _validation.check_batch(spec, items, [("B", None)])
         _storage.check_fits(batch, capacity, truncate_ok, "items")
-        state, rows = _storage.append(state, items)
+        state, rows = _storage.append(state, items, where)
         return state, Changes(cleared=None, filled=rows)
 
     return _buffers.Layout(

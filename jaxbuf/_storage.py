@@ -15,6 +15,9 @@ from flax import struct
 from jaxbuf import _validation
 from jaxbuf._types import PyTree
 
+# A bool scalar that lets a write happen (None: always).
+Gate = jax.Array | None
+
 # position + B must fit in int32 for every B <= capacity.
 MAX_CAPACITY = _validation.MAX_INT32 // 2
 
@@ -139,18 +142,32 @@ def item_spec(experience: PyTree, ring_axis: int) -> PyTree:
     )
 
 
-def write(experience: PyTree, position: jax.Array, items: PyTree) -> PyTree:
+def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = None) -> PyTree:
     """Writes `items` (leaves `[B, ...]`, `B <= capacity`) at `position`, wrapping.
 
-    Item `j` goes to row `(position + j) % capacity`.
+    Item `j` goes to row `(position + j) % capacity`. With `where` (a bool
+    scalar) false nothing is written: the rows move out of bounds, where the
+    scatter drops them, so the cost stays O(B) and there is no branch.
     """
     batch = jax.tree_util.tree_leaves(items)[0].shape[0]
-    rows = ring_rows(position, batch, capacity_of(experience))
+    capacity = capacity_of(experience)
+    rows = ring_rows(position, batch, capacity)
+    mode = "promise_in_bounds"
+    if where is not None:  # distinct rows past the end: dropped
+        rows, mode = jnp.where(where, rows, capacity + jnp.arange(batch, dtype=jnp.int32)), "drop"
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
-        return column.at[rows].set(values, unique_indices=True, mode="promise_in_bounds")
+        return column.at[rows].set(values, unique_indices=True, mode=mode)
 
     return jax.tree.map(put, experience, items)
+
+
+def gated(where: Gate, new: PyTree, old: PyTree) -> PyTree:
+    """`new` where `where` (a bool scalar, or None for always), else `old`; for
+    small leaves only (counters): a select reads and writes the whole leaf."""
+    if where is None:
+        return new
+    return jax.tree.map(lambda n, o: jnp.where(where, n, o), new, old)
 
 
 def read(experience: PyTree, *indices: jax.Array) -> PyTree:
@@ -169,8 +186,9 @@ def check_fits(batch: int, capacity: int, truncate_ok: bool, what: str) -> None:
         )
 
 
-def append(state: RingState, items: PyTree) -> tuple[RingState, jax.Array]:
+def append(state: RingState, items: PyTree, where: Gate = None) -> tuple[RingState, jax.Array]:
     """Writes validated items `[B, ...]`; of more than `capacity`, the newest stay.
+    With `where` false, nothing (see `write`).
 
     Returns the state and the rows written (int32 `[min(B, capacity)]`, distinct).
     """
@@ -179,25 +197,33 @@ def append(state: RingState, items: PyTree) -> tuple[RingState, jax.Array]:
     keep = min(batch, capacity)
     newest = jax.tree.map(lambda x: x[batch - keep :], items)
     start = (state.position + (batch - keep) % capacity) % capacity
+    counters = _counters(state)
     state = state.replace(
-        experience=write(state.experience, start, newest),
+        experience=write(state.experience, start, newest, where),
         position=(state.position + batch % capacity) % capacity,
         size=jnp.minimum(state.size + keep, capacity),
         added=state.added + (batch % 2**32),
     )
+    state = state.replace(**gated(where, _counters(state), counters))
     return state, ring_rows(start, keep, capacity)
 
 
-def append_steps(state: TimeRingState, steps: PyTree) -> TimeRingState:
-    """Writes validated steps `[num_envs, T, ...]`, `T <= capacity`, at `position`."""
+def _counters(state: RingState | TimeRingState) -> dict[str, jax.Array]:
+    return {"position": state.position, "size": state.size, "added": state.added}
+
+
+def append_steps(state: TimeRingState, steps: PyTree, where: Gate = None) -> TimeRingState:
+    """Writes validated steps `[num_envs, T, ...]`, `T <= capacity`, at `position`;
+    with `where` false, nothing (see `write`)."""
     capacity = capacity_of(state.experience, 1)
     length = jax.tree_util.tree_leaves(steps)[0].shape[1]
-    return state.replace(
-        experience=jax.vmap(write, in_axes=(0, None, 0))(state.experience, state.position, steps),
-        position=(state.position + length) % capacity,
-        size=jnp.minimum(state.size + length, capacity),
-        added=state.added + length,
+    experience = jax.vmap(write, in_axes=(0, None, 0, None))(
+        state.experience, state.position, steps, where
     )
+    counters = {"position": (state.position + length) % capacity,
+                "size": jnp.minimum(state.size + length, capacity),
+                "added": state.added + length}  # fmt: skip
+    return state.replace(experience=experience, **gated(where, counters, _counters(state)))
 
 
 def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> int:

@@ -62,10 +62,10 @@ def first_start(state: TimeRingState, length: int, period: int) -> tuple[jax.Arr
 def step_writer(num_envs: int, capacity: int) -> Callable:
     """Checks steps `[num_envs, T, ...]` and writes them; returns `(state, T)`."""
 
-    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, int]:
+    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, int]:
         spec = _storage.item_spec(state.experience, 1)
         length = _storage.check_steps(spec, steps, num_envs, capacity)
-        return _storage.append_steps(state, steps), length
+        return _storage.append_steps(state, steps, where), length
 
     return write
 
@@ -90,8 +90,8 @@ def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
     num_envs, capacity, _, length, period, min_size = config.values()
     write_steps = step_writer(num_envs, capacity)
 
-    def write(state: TimeRingState, steps: PyTree) -> tuple[TimeRingState, Changes]:
-        after, written = write_steps(state, steps)
+    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
+        after, written = write_steps(state, steps, where)
         return after, _buffers.span_changes(state, after, written, length, period)
 
     def slot(state, env, member):

@@ -113,8 +113,10 @@ def _slot_dtype(final_capacity: int) -> np.dtype:
     return np.dtype(np.int32)
 
 
-def _write_final(side: FinalObservations, position, added, steps: Transition, capacity: int):
-    """Puts the final observations of the episodes that `steps` end into the side ring.
+def _write_final(side: FinalObservations, position, added, steps: Transition, capacity: int,
+                 where: _storage.Gate = None):  # fmt: skip
+    """Puts the final observations of the episodes that `steps` end into the side ring
+    (none with `where` false).
 
     Returns the new side ring (but for `stale`) and, per environment, whether this
     add pushed an episode end out of the ring and the step number of the newest
@@ -122,8 +124,9 @@ def _write_final(side: FinalObservations, position, added, steps: Transition, ca
     """
     k = side.added_at.shape[1]
     done = steps.terminated | steps.truncated  # [N, T]
+    done = done if where is None else done & where
     numbers = jnp.broadcast_to(added + jnp.arange(done.shape[1], dtype=jnp.uint32), done.shape)
-    pushed_side = _push_final(side, position, steps, done, numbers)
+    pushed_side = _push_final(side, position, steps, done, numbers, where)
     if k >= capacity:
         # A ring of `capacity` ends holds the end of every stored step, so an end
         # pushed out never belongs to a stored step: nothing can turn stale, and
@@ -143,14 +146,14 @@ def _write_final(side: FinalObservations, position, added, steps: Transition, ca
     return pushed_side, pushed > 0, number
 
 
-def _push_final(side: FinalObservations, position, steps: Transition, done, numbers):
+def _push_final(side: FinalObservations, position, steps: Transition, done, numbers, where):
     """Appends the final observations (and step numbers) of the ends in `done`."""
     (experience, added_at), next_slot, size, slots = _storage.push_where(
         (side.experience, side.added_at), side.position, side.size, done,
         (steps.next_obs, numbers),
     )  # fmt: skip
-    slot_of = jax.vmap(_storage.write, in_axes=(0, None, 0))(
-        side.slot_of, position, slots.astype(side.slot_of.dtype)
+    slot_of = jax.vmap(_storage.write, in_axes=(0, None, 0, None))(
+        side.slot_of, position, slots.astype(side.slot_of.dtype), where
     )
     return side.replace(
         experience=experience, position=next_slot, size=size, added_at=added_at, slot_of=slot_of
@@ -272,14 +275,14 @@ def _spec(state: TimeRingState) -> Transition:
 
 
 def _writer(num_envs: int, capacity: int, span: int):
-    def write(state: TimeRingState, steps: Transition | Mapping):
+    def write(state: TimeRingState, steps: Transition | Mapping, where=None):
         steps = _as_transition(steps, "steps")
         _storage.check_steps(_spec(state), steps, num_envs, capacity)
         side, evicted, number = _write_final(
-            state.side, state.position, state.added, steps, capacity
+            state.side, state.position, state.added, steps, capacity, where
         )
         stored = {name: getattr(steps, name) for name in STORED}
-        after = _storage.append_steps(state, stored)
+        after = _storage.append_steps(state, stored, where)
         side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
         length = jax.tree_util.tree_leaves(stored)[0].shape[1]
         return after.replace(side=side), _buffers.span_changes(state, after, length, span)

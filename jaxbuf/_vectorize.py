@@ -54,10 +54,13 @@ def lift(layout: Layout, count: int) -> Layout:
         one = layout.init(example)
         return jax.tree.map(lambda x: jnp.repeat(x[None], count, axis=0), one)
 
-    def write(state, data: PyTree):
+    def write(state, data: PyTree, where=None):
         _check_lead(data, count, "items")
+        if where is not None:  # one gate for all buffers
+            where = jnp.broadcast_to(where, (count,))
         try:
-            after, changes = jax.vmap(layout.write)(_inner(state), data)
+            axes = (0, 0, None if where is None else 0)
+            after, changes = jax.vmap(layout.write, in_axes=axes)(_inner(state), data, where)
         except (ValueError, TypeError) as error:
             raise type(error)(
                 f"{error} (shapes there are one buffer's, without the leading num_buffers axis.)"

@@ -88,6 +88,49 @@ def test_the_limiter_paces_a_jitted_loop_at_the_ratio():
     assert int(state.size) == int(inserts)
 
 
+def test_branch_free_gating_equals_gating_by_cond():
+    """A loop gated by masked writes (`where=`) and gated counts ends in the state that the
+    same loop gated by `lax.cond` ends in, bit for bit, and learns from the same batches."""
+    limiter = jaxbuf.sample_to_insert_ratio(3.0, min_size_to_sample=8, error_buffer=12.0)
+    buffer = jaxbuf.make_replay_buffer(20, 4, sampler=jaxbuf.prioritized())
+
+    def by_cond(carry, key):
+        state, limits = carry
+        items = jax.random.normal(key, (3,))
+        state, limits = jax.lax.cond(
+            limiter.can_insert(limits, 3),
+            lambda: (buffer.add(state, items), limiter.inserted(limits, 3)),
+            lambda: (state, limits),
+        )
+        learn = limiter.can_sample(limits, 4)
+        batch = buffer.sample(state, key)
+        limits = jax.lax.cond(learn, lambda: limiter.sampled(limits, 4), lambda: limits)
+        return (state, limits), jnp.where(learn, batch.experience, 0.0)
+
+    def by_mask(carry, key):
+        state, limits = carry
+        items = jax.random.normal(key, (3,))
+        allowed = limiter.can_insert(limits, 3)
+        state = buffer.add(state, items, where=allowed)
+        limits = limiter.inserted(limits, 3, where=allowed)
+        learn = limiter.can_sample(limits, 4)
+        batch = buffer.sample(state, key)
+        limits = limiter.sampled(limits, 4, where=learn)
+        return (state, limits), jnp.where(learn, batch.experience, 0.0)
+
+    keys = jax.random.split(jax.random.key(3), 300)
+    results = []
+    for body in (by_cond, by_mask):
+        start = (buffer.init(jnp.float32(0)), limiter.init())
+        results.append(jax.jit(lambda s, b=body: jax.lax.scan(b, s, keys))(start))
+    for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    (_, limits), learned = results[1]
+    assert 0 < int((learned != 0).any(axis=1).sum()) < 300  # both gates were shut at times
+    with pytest.raises(TypeError, match=re.escape("where must be a bool scalar, got int32[]")):
+        limiter.inserted(limits, 3, where=jnp.int32(1))
+
+
 def test_counts_saturate_instead_of_wrapping():
     limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, (-1e30, 1e30))
     state = limiter.init()

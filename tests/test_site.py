@@ -59,7 +59,7 @@ def test_site_builds_strictly_and_offline(tmp_path):
         page = (tmp_path / "notebooks" / book.stem / "index.html").read_text()
         assert page.count('<img alt="output" src="cell') == pngs >= 1, book.name
         assert len(list((tmp_path / "notebooks" / book.stem).glob("cell*.png"))) == pngs
-    for table in (ROOT / "benchmarks" / "results").glob("*_cpu.md"):
+    for table in (ROOT / "benchmarks" / "results").glob("*_[cg]pu.md"):
         assert (tmp_path / "results" / table.stem / "index.html").exists(), table.name
     performance = (tmp_path / "performance" / "index.html").read_text()
     for plot in re.findall(r'src="\.\./(plots/[\w.]+\.png)"', performance):
