@@ -6,8 +6,9 @@
   random keys, which the per-batch time includes on average (the calls run
   through whole passes).
 - rate limiter: a jitted `lax.scan` of 1000 steps that adds 8 items and samples
-  256, with and without `sample_to_insert_ratio(32, ...)` gating both through
-  `lax.cond` (the limiter lets every step through, so the work is the same).
+  256, without and with `sample_to_insert_ratio(32, ...)` gating both: by masked
+  writes (`add(..., where=)`, the documented way) and through `lax.cond` (the
+  limiter lets every step through, so the work is the same).
 - hindsight: `sample` of a transition buffer with `goals=jaxbuf.hindsight(...,
   strategy="future", ratio=0.8)` against the same buffer without, 16
   environments x 2**14 steps of bit-flipping observations (two bool[50] goals)
@@ -63,7 +64,16 @@ def limiter_case(calls: int, repeats: int) -> dict:
         state = buffer.add(state, items)
         return (state, limits), buffer.sample(state, key).experience["obs"].sum()
 
-    def limited(carry, key):
+    def masked(carry, key):  # the documented way: masked writes and gated counts
+        state, limits = carry
+        allowed = limiter.can_insert(limits, ADD)
+        state = buffer.add(state, items, where=allowed)
+        limits = limiter.inserted(limits, ADD, where=allowed)
+        learn = limiter.can_sample(limits, BATCH)
+        total = jnp.where(learn, buffer.sample(state, key).experience["obs"].sum(), 0.0)
+        return (state, limiter.sampled(limits, BATCH, where=learn)), total
+
+    def by_cond(carry, key):  # the same gates through lax.cond
         state, limits = carry
         state, limits = jax.lax.cond(
             limiter.can_insert(limits, ADD),
@@ -77,7 +87,12 @@ def limiter_case(calls: int, repeats: int) -> dict:
         return (state, limits), total
 
     runs = {}
-    for name, body in (("no limiter", plain), ("rate limiter", limited)):
+    variants = [
+        ("no limiter", plain),
+        ("rate limiter", masked),
+        ("rate limiter, lax.cond", by_cond),
+    ]
+    for name, body in variants:
         loop = jax.jit(lambda c, ks, body=body: jax.lax.scan(body, c, ks), donate_argnums=0)
         holder = [(buffer.init({"obs": jnp.zeros(64)}), limiter.init())]
         keys = jax.random.split(jax.random.key(2), 1000)

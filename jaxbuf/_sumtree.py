@@ -153,8 +153,9 @@ def _update_sequential(tree, indices, values, keep) -> SumTreeState:
         index, value, kept = entry[0], entry[1][None], entry[2][None]
         row = jnp.where(entry[2], index, 0) + offset
         # A skipped entry (its index may be -1) rewrites leaf 0's old value and
-        # recomputes its unchanged path. Each array's old leaf is read from that array alone: a read of
-        # `sums` in the write of `minima` would make XLA copy `sums` first.
+        # recomputes its unchanged path. Each array's old leaf is read from that
+        # array alone: a read of `sums` in the write of `minima` would make XLA
+        # copy `sums` first.
         old_sum = jax.lax.dynamic_slice(sums, (row,), (1,))
         old_min = jax.lax.dynamic_slice(minima, (row,), (1,))
         sums = jax.lax.dynamic_update_slice(sums, jnp.where(kept, value, old_sum), (row,))
