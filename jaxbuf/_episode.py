@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _goals, _sampling, _storage, _trajectory, _validation
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -132,6 +132,11 @@ def _changes(before: EpisodeRecords, after: EpisodeRecords, pushed, written: int
     return Changes(cleared=cleared.ravel(), filled=filled.ravel(), keep=keep.ravel())
 
 
+def _oldest_record(records: EpisodeRecords, envs: jax.Array) -> jax.Array:
+    """The slot (unwrapped) of the oldest record of each of `envs` `[B]`."""
+    return _sampling.take_small(records.position - records.size, envs)
+
+
 def _writer(num_envs: int, capacity: int, done_fn):
     write_steps = _trajectory.step_writer(num_envs, capacity)
 
@@ -193,14 +198,14 @@ def _layout(config: dict, done_fn, frames: dict, goals) -> _buffers.Layout:
     k = math.ceil(capacity / min_episode_length)
 
     def slot(state, env, member):
-        return env, (state.side.position[env] - state.side.size[env] + member) % k
+        return env, (_oldest_record(state.side, env) + member) % k
 
     place, flatten = _buffers.splitter(k)
 
     def usable(state, slots):
         envs, slot = _storage.split(slots, k)
-        rank = (slot - (state.side.position[envs] - state.side.size[envs])) % k
-        return rank < state.side.size[envs]
+        rank = (slot - _oldest_record(state.side, envs)) % k
+        return rank < _sampling.take_small(state.side.size, envs)
 
     return _buffers.Layout(
         init=_init(num_envs, capacity, k, frames, goals),

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _storage, _validation
+from jaxbuf import _sampling, _storage, _validation
 from jaxbuf._types import Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")
@@ -251,21 +251,57 @@ def _episode_span(state: Any, envs: jax.Array, at: jax.Array) -> tuple[jax.Array
     side = state.side
     k = side.added_at.shape[1]
     oldest = state.added - state.size.astype(jnp.uint32)
-    base = side.position[envs] - side.size[envs]
+    base = _sampling.take_small(side.position - side.size, envs)
 
-    def end_at(rank: jax.Array) -> jax.Array:
-        return _bitcast_offset(side.added_at[envs, (base + rank) % k], oldest)
+    size = _sampling.take_small(side.size, envs)
 
-    low, high = jnp.zeros_like(at), side.size[envs]
+    def end_at(rank: jax.Array) -> jax.Array:  # rank `[B]` or `[B, w]`
+        rows = (base.reshape(-1, *[1] * (rank.ndim - 1)) + rank) % k
+        envs_ = envs.reshape(rows.shape[:1] + (1,) * (rank.ndim - 1))
+        return _bitcast_offset(side.added_at[envs_, rows], oldest)
+
+    low = jax.lax.platform_dependent(
+        size,
+        at,
+        cpu=lambda n, a: _binary_search(end_at, n, a, k),
+        default=lambda n, a: _wide_search(end_at, n, a, k),
+    )
+    # the end at `low` and the one before it, in one read
+    pair = end_at(jnp.stack([jnp.maximum(low - 1, 0), jnp.minimum(low, k - 1)], axis=1))
+    end = jnp.where(low < size, pair[:, 1], state.size - 2)
+    previous = jnp.where(low > 0, pair[:, 0] + 1, 0)
+    return jnp.maximum(previous, _sampling.take_small(side.stale, envs)), end
+
+
+def _binary_search(end_at: Callable, size: jax.Array, at: jax.Array, k: int) -> jax.Array:
+    """The first rank in `[0, size)` whose end is at or after `at` (`size` if none):
+    `log2 K` narrow reads, the fastest on CPU."""
+    low, high = jnp.zeros_like(at), size
     for _ in range(k.bit_length()):
         active = low < high
         middle = (low + high) // 2
         before = end_at(middle) < at
         low = jnp.where(active & before, middle + 1, low)
         high = jnp.where(active & ~before, middle, high)
-    end = jnp.where(low < side.size[envs], end_at(low), state.size - 2)
-    previous = jnp.where(low > 0, end_at(low - 1) + 1, 0)
-    return jnp.maximum(previous, side.stale[envs]), end
+    return low
+
+
+def _wide_search(end_at: Callable, size: jax.Array, at: jax.Array, k: int) -> jax.Array:
+    """`_binary_search`'s answer in `ceil(log2(K + 1) / 5)` wide reads: each reads
+    `w` ends spaced `stride` apart ([B, w], one gather) and skips the whole strides
+    that end before `at`, the stride shrinking `w`-fold each time (for accelerators,
+    where each read is a kernel)."""
+    bits = k.bit_length()
+    levels = -(-bits // 5)
+    width = 1 << -(-bits // levels)  # width ** levels > K
+    low = jnp.zeros_like(at)
+    for level in reversed(range(levels)):
+        stride = width**level
+        probes = low[:, None] + stride * jnp.arange(1, width, dtype=jnp.int32)[None, :] - 1
+        inside = probes < size[:, None]
+        before = inside & (end_at(jnp.minimum(probes, k - 1)) < at[:, None])
+        low = low + stride * jnp.sum(before, axis=1, dtype=jnp.int32)
+    return low
 
 
 def _achieved_after(state: Any, goals: Hindsight, envs: jax.Array, times: jax.Array) -> PyTree:

@@ -113,7 +113,54 @@ def locate(
       `sum(counts) > 0` before using them.
     """
     ends = jnp.cumsum(counts) if ends is None else ends
-    method = "compare_all" if counts.shape[0] <= 64 else "scan"  # O(B * G) or O(B log G)
+    method = "compare_all" if counts.shape[0] <= SMALL else "scan"  # O(B * G) or O(B log G)
     group = jnp.searchsorted(ends, draws, side="right", method=method)
     group = jnp.minimum(group, counts.shape[0] - 1).astype(jnp.int32)
-    return group, draws - (ends[group] - counts[group])
+    return group, draws - (take_small(ends, group) - take_small(counts, group))
+
+
+# Tables of at most this many entries are read by comparison on accelerators.
+SMALL = 64
+
+
+def take_small(values: jax.Array, indices: jax.Array) -> jax.Array:
+    """`values[indices]` for a 1-D table `values` `[G]` and in-range int `indices`.
+
+    Where lowered for CPU a gather; on accelerators, for `G <= SMALL`, a
+    comparison of every index with every entry `[*indices.shape, G]`, summed:
+    elementwise work that fuses with its neighbours instead of a gather kernel
+    of its own (per-environment counters indexed by a batch's environments).
+    Both give the same values.
+    """
+    size = values.shape[0]
+    if size > SMALL:
+        return values[indices]
+
+    def compare(values: jax.Array, indices: jax.Array) -> jax.Array:
+        lead = (1,) * indices.ndim
+        hit = indices[..., None] == jnp.arange(size, dtype=indices.dtype).reshape(*lead, size)
+        table = values.reshape(*lead, size)
+        return jnp.sum(jnp.where(hit, table, jnp.zeros((), values.dtype)), axis=-1,
+                       dtype=values.dtype)  # fmt: skip
+
+    return lax.platform_dependent(values, indices, cpu=lambda v, i: v[i], default=compare)
+
+
+def take_columns(values: jax.Array, columns: jax.Array) -> jax.Array:
+    """`values[b, columns[b]]` for `values` `[B, n]` and in-range int `columns` `[B]`:
+    `take_along_axis` where lowered for CPU; on accelerators, for `n <= SMALL`, a
+    comparison with every column (no gather). Both give the same values."""
+    width = values.shape[1]
+
+    def gather(values: jax.Array, columns: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(values, columns[:, None], axis=1)[:, 0]
+
+    if width > SMALL:
+        return gather(values, columns)
+
+    def compare(values: jax.Array, columns: jax.Array) -> jax.Array:
+        hit = columns[:, None] == jnp.arange(width, dtype=columns.dtype)[None, :]
+        return jnp.sum(jnp.where(hit, values, jnp.zeros((), values.dtype)), axis=1,
+                       dtype=values.dtype)  # fmt: skip
+
+    return lax.platform_dependent(values, columns, cpu=gather, default=compare)

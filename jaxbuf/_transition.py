@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _goals, _storage, _trajectory, _validation
+from jaxbuf import _buffers, _frames, _goals, _sampling, _storage, _trajectory, _validation
 from jaxbuf._samplers import Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree, Transition
@@ -189,12 +189,11 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     )
     used = _trajectory.episode_mask(terminated | truncated)
     length = used.sum(axis=1, dtype=jnp.int32)
-    last = (length - 1)[:, None]
-    end_terminated, end_truncated = (
-        jnp.take_along_axis(x, last, axis=1)[:, 0] for x in (terminated, truncated)
+    last = length - 1
+    end_terminated, end_truncated, last_time = (
+        _sampling.take_columns(x, last) for x in (terminated, truncated, times)
     )
     powers = jnp.asarray(np.power(discount, np.arange(n + 1)), reward.dtype)
-    last_time = jnp.take_along_axis(times, last, axis=1)[:, 0]
     slot = _storage.read(side.slot_of, envs, last_time)
     final = _storage.read(side.experience, envs, slot.astype(jnp.int32))
     ended = end_terminated | end_truncated
@@ -202,8 +201,10 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     if k > 1:
         obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k)
     else:
-        obs = _storage.read(steps["obs"], envs, starts)
-        next_obs = _where_rows(ended, final, _storage.read(steps["obs"], envs, following))
+        # both observations in one read of [B, 2] rows
+        pair = _storage.read(steps["obs"], envs[:, None], jnp.stack([starts, following], axis=1))
+        obs = jax.tree.map(lambda x: x[:, 0], pair)
+        next_obs = _where_rows(ended, final, jax.tree.map(lambda x: x[:, 1], pair))
     transition = Transition(
         obs=obs,
         action=_storage.read(steps["action"], envs, starts),
@@ -211,7 +212,9 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
         terminated=end_terminated,
         truncated=end_truncated,
         next_obs=next_obs,
-        discount=jnp.where(end_terminated, 0, powers[length]).astype(reward.dtype),
+        discount=jnp.where(end_terminated, 0, _sampling.take_small(powers, length)).astype(
+            reward.dtype
+        ),
     )
     return transition, length
 
@@ -306,12 +309,13 @@ def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _buffers.La
 
     def slot(state, env, member):
         oldest = state.position - state.size
-        return env, (oldest + state.side.stale[env] + member) % capacity
+        return env, (oldest + _sampling.take_small(state.side.stale, env) + member) % capacity
 
     def usable(state, slots):
         envs, times = _storage.split(slots, capacity)
         offset = (times - (state.position - state.size)) % capacity
-        return _buffers.valid_start(state, times, n + 1) & (offset >= state.side.stale[envs])
+        stale = _sampling.take_small(state.side.stale, envs)
+        return _buffers.valid_start(state, times, n + 1) & (offset >= stale)
 
     def expand(state, where):
         envs, starts = where

@@ -29,6 +29,10 @@ COUNTED = ("while", "case/if", "gather", "scatter", "sort")
 ENVS, CAPACITY, BATCH, LENGTH = 16, 1 << 16, 256, 8
 
 
+GATHER = r'"stablehlo\.(?:dynamic_)?gather"|stablehlo\.dynamic_slice '
+SCATTER = r'"stablehlo\.scatter"|stablehlo\.dynamic_update_slice '
+
+
 def counts(text: str) -> dict[str, int]:
     """The census of one module text. `jax.lax.platform_dependent` leaves a `case` on a
     constant index, which XLA folds away: only cases on computed values count."""
@@ -40,8 +44,9 @@ def counts(text: str) -> dict[str, int]:
     return {
         "while": len(re.findall(r"stablehlo\.while", text)),
         "case/if": sum(p not in constants for p in predicates),
-        "gather": len(re.findall(r"stablehlo\.(?:dynamic_)?gather|stablehlo\.dynamic_slice", text)),
-        "scatter": len(re.findall(r"stablehlo\.scatter|stablehlo\.dynamic_update_slice", text)),
+        # operations, not their `#stablehlo.gather<...>` attributes
+        "gather": len(re.findall(GATHER, text)),
+        "scatter": len(re.findall(SCATTER, text)),
         "sort": len(re.findall(r"stablehlo\.sort", text)),
     }
 

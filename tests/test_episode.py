@@ -59,7 +59,7 @@ class Episodes:
     [(12, 12, 1, 0.3), (12, 5, 1, 0.15), (16, 6, 3, 0.4), (9, 3, 1, 0.6)],
 )
 def test_episodes_are_complete_stored_and_padded_at_every_wrap(
-    capacity, max_length, min_episode_length, done_probability
+    capacity, max_length, min_episode_length, done_probability, platform_path
 ):
     num_envs, batch = 3, 256
     buffer = jaxbuf.make_episode_buffer(

@@ -14,6 +14,7 @@ import pytest
 from reference import env_time
 
 import jaxbuf
+from jaxbuf import _goals
 
 NUM_ENVS, CAPACITY = 3, 12
 OBS = {"achieved_goal": jnp.int32(0), "desired_goal": jnp.int32(0)}
@@ -84,7 +85,9 @@ def number(total, time, capacity):
 @pytest.mark.parametrize(
     "strategy, min_episode_length", [("final", 1), ("episode", 1), ("future", 3)]
 )
-def test_transition_goals_come_from_the_same_episode_as_the_reference(strategy, min_episode_length):
+def test_transition_goals_come_from_the_same_episode_as_the_reference(
+    strategy, min_episode_length, platform_path
+):
     goals = jaxbuf.hindsight(reward_fn, ratio=1.0, strategy=strategy, terminal_fn=success)
     buffer = jaxbuf.make_transition_buffer(NUM_ENVS, CAPACITY, 256, discount=0.9, goals=goals,
                                            min_episode_length=min_episode_length)  # fmt: skip
@@ -303,3 +306,24 @@ def test_episode_terminal_fn_needs_the_termination_leaf_and_take_checks_goal_sou
     relabeling = jaxbuf.make_transition_buffer(1, 8, 2, goals=jaxbuf.hindsight(reward_fn))
     with pytest.raises(TypeError, match=re.escape("goal_source must be an integer array [2]")):
         relabeling.take(relabeling.init(EXAMPLE), jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32))
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 31, 32, 33, 1000, 1 << 16])
+def test_wide_search_finds_what_the_binary_search_finds(k):
+    """The accelerator path's search (a few wide reads) against the CPU's binary search and
+    NumPy's searchsorted, on sorted ends with repeats, every fill level and targets at, between,
+    before and after them."""
+    rng = np.random.default_rng(k)
+    for _ in range(4):
+        ends = jnp.asarray(np.sort(rng.integers(-50, 3 * k, k)), jnp.int32)
+        size = jnp.asarray(rng.integers(0, k + 1, 64), jnp.int32)
+        at = jnp.asarray(rng.integers(-60, 3 * k + 10, 64), jnp.int32)
+
+        def end_at(rank, ends=ends):
+            return ends[rank]
+
+        binary = jax.jit(lambda n, a, e=end_at: _goals._binary_search(e, n, a, k))(size, at)
+        wide = jax.jit(lambda n, a, e=end_at: _goals._wide_search(e, n, a, k))(size, at)
+        expected = [np.searchsorted(np.asarray(ends)[:n], a) for n, a in zip(size, at, strict=True)]
+        np.testing.assert_array_equal(binary, expected)
+        np.testing.assert_array_equal(wide, expected)

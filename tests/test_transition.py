@@ -89,7 +89,9 @@ class Reference:
     "n_step, min_episode_length, done_probability",
     [(1, 1, 0.3), (3, 1, 0.3), (4, 1, 0.05), (3, 4, 0.3), (2, 6, 0.5)],
 )
-def test_samples_match_naive_full_transitions(n_step, min_episode_length, done_probability):
+def test_samples_match_naive_full_transitions(
+    n_step, min_episode_length, done_probability, platform_path
+):
     num_envs, capacity, batch, discount = 3, 12, 512, 0.9
     buffer = jaxbuf.make_transition_buffer(
         num_envs, capacity, batch, n_step=n_step, discount=discount,
