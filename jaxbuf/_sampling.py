@@ -13,6 +13,8 @@ with `jax.random.randint`, whose threefry rounds dominate a replay `sample`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -87,13 +89,57 @@ def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     tops = population - count + jnp.arange(count, dtype=jnp.int32)
     draws = scale_below(words[:count], tops + 1)
 
+    chosen = lax.platform_dependent(
+        draws, tops, cpu=_floyd_in_loop, default=functools.partial(_floyd_by_doubling, population)
+    )
+    shuffled = chosen[jnp.argsort(words[count:])]
+    return shuffled % jnp.maximum(n, 1)
+
+
+def _floyd_in_loop(draws: jax.Array, tops: jax.Array) -> jax.Array:
+    """Floyd's steps one after another (the CPU path): step `j` takes `draws[j]`
+    unless an earlier step took it, else `tops[j]`."""
+
     def step(chosen: jax.Array, j: jax.Array) -> tuple[jax.Array, None]:
         pick = jnp.where(jnp.any(chosen == draws[j]), tops[j], draws[j])
         return chosen.at[j].set(pick), None
 
+    count = draws.shape[0]
     chosen, _ = lax.scan(step, jnp.full((count,), -1, jnp.int32), jnp.arange(count))
-    shuffled = chosen[jnp.argsort(words[count:])]
-    return shuffled % jnp.maximum(n, 1)
+    return chosen
+
+
+def _floyd_by_doubling(population: jax.Array, draws: jax.Array, tops: jax.Array) -> jax.Array:
+    """`_floyd_in_loop`'s picks without a loop over the steps (for accelerators).
+
+    Step `j` collides (takes `tops[j]`) iff `draws[j]` was taken before: as an
+    earlier draw (`draws[i] == draws[j]`, `i < j`, whatever step `i` took, since a
+    colliding draw was itself taken earlier), or as the top of an earlier step
+    that collided. Tops are distinct and step `i`'s is `population - count + i`,
+    so that earlier step is one index, `i = draws[j] - population + count`: each
+    step points to at most one earlier one, and collides iff some step on its
+    chain of pointers has a repeated draw. `ceil(log2 count)` rounds of pointer
+    doubling (static, unrolled) fold each chain.
+    """
+    count = draws.shape[0]
+    steps = jnp.arange(count, dtype=jnp.int32)
+    repeated = jnp.any((draws[:, None] == draws[None, :]) & (steps[None, :] < steps[:, None]), 1)
+    pointer = draws - (population - count)
+    pointer = jnp.where((pointer >= 0) & (pointer < steps), pointer, -1)  # -1: none
+    collided = repeated
+    for _ in range(max(count - 1, 0).bit_length()):
+        has = pointer >= 0
+        # The step each pointer names, read by comparison below 1024 steps ([B, B]
+        # elementwise work that fuses) and gathered above.
+        if count <= 1024:
+            named = pointer[:, None] == steps[None, :]
+            collided = collided | jnp.any(named & collided[None, :], axis=1)
+            pointer = jnp.where(has, jnp.sum(jnp.where(named, pointer[None, :], 0), axis=1), -1)
+        else:
+            safe = jnp.maximum(pointer, 0)
+            collided = collided | (has & collided[safe])
+            pointer = jnp.where(has, pointer[safe], -1)
+    return jnp.where(collided, tops, draws)
 
 
 def locate(

@@ -83,6 +83,7 @@ def _goals() -> jaxbuf.Hindsight:
 
 def _samplers() -> Iterator[tuple[str, Any]]:
     yield "uniform", jaxbuf.uniform()
+    yield "distinct", jaxbuf.uniform(replacement=False)
     yield "prioritized", jaxbuf.prioritized()
     yield "epochs", jaxbuf.epochs()
 

@@ -158,7 +158,7 @@ def test_sampling_with_replacement_is_uniform(total):
     assert stats.chisquare(counts[:stored]).pvalue > 1e-3
 
 
-def test_sampling_without_replacement_is_distinct_and_uniform():
+def test_sampling_without_replacement_is_distinct_and_uniform(platform_path):
     buffer, state = filled(
         capacity=40, total=70, sample_batch_size=16, sampler=jaxbuf.uniform(replacement=False)
     )
@@ -178,7 +178,7 @@ def test_sampling_without_replacement_takes_everything_when_size_equals_batch():
     assert sorted(np.asarray(batch.indices).tolist()) == list(range(16))
 
 
-def test_sampling_without_replacement_below_batch_size_repeats_evenly():
+def test_sampling_without_replacement_below_batch_size_repeats_evenly(platform_path):
     buffer, state = filled(
         capacity=30, total=7, sample_batch_size=30, sampler=jaxbuf.uniform(replacement=False)
     )

@@ -51,3 +51,25 @@ def test_draws_depend_only_on_the_key_and_work_with_raw_keys():
     np.testing.assert_array_equal(typed, again)
     np.testing.assert_array_equal(typed, raw)
     assert not np.array_equal(typed, other)
+
+
+def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
+    """Sampling without replacement on accelerators (no loop over the batch) against the CPU's
+    step-by-step Floyd: the same picks, with populations from the batch size (every step may
+    collide, long chains) to far larger, and batches of 1 to 300."""
+    rng = np.random.default_rng(0)
+    loop = jax.jit(_sampling._floyd_in_loop)
+    doubling = jax.jit(_sampling._floyd_by_doubling)
+    chains = 0
+    for count in (1, 2, 3, 17, 64, 256, 300, 1500):
+        for population in {count, count + 1, 2 * count, 50 * count}:
+            for _ in range(20):
+                tops = population - count + np.arange(count, dtype=np.int32)
+                draws = jnp.asarray(rng.integers(0, tops + 1), jnp.int32)
+                expected = loop(draws, jnp.asarray(tops))
+                got = doubling(jnp.int32(population), draws, jnp.asarray(tops))
+                np.testing.assert_array_equal(got, expected)
+                assert len(np.unique(np.asarray(got))) == count  # distinct
+                chains += int(np.sum(np.asarray(expected) != np.asarray(draws)))
+    assert chains > 1000  # many collisions, not only the easy case
+
