@@ -72,4 +72,3 @@ def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
                 assert len(np.unique(np.asarray(got))) == count  # distinct
                 chains += int(np.sum(np.asarray(expected) != np.asarray(draws)))
     assert chains > 1000  # many collisions, not only the easy case
-
