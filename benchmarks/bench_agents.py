@@ -36,7 +36,7 @@ import flashbax as fbx
 import gymnax
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_times, write_results
+from common import command_line, flashbax_device, interleaved_times, write_results
 
 import jaxbuf
 from jaxbuf.examples import dqn_cartpole, dqn_nstep, rdqn_cartpole
@@ -86,7 +86,7 @@ def flashbax_nstep(config: dict) -> SimpleNamespace:
         add_batch_size=config["num_envs"], sample_batch_size=batch,
         sample_sequence_length=n + 1, period=1, min_length_time_axis=config["learning_starts"]
         // config["num_envs"], max_length_time_axis=config["steps_per_env"],
-        priority_exponent=config["priority_exponent"],
+        priority_exponent=config["priority_exponent"], device=flashbax_device(),
     )  # fmt: skip
 
     def n_step(window: jaxbuf.Transition) -> jaxbuf.Transition:

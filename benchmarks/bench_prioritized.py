@@ -10,7 +10,7 @@ Items: {obs: float32[64], action: int32, reward: float32, done: bool}.
 Standalone jitted calls (donated `add`, `sample`, donated `set_priorities` of
 256 priorities at the sampled indices) and one jitted `lax.scan` of 1000
 iterations of add + sample + set_priorities (a DQN-with-PER step). Flashbax's
-sum tree runs with `device="cpu"`, its path for CPUs. jaxbuf's `sample`
+sum tree runs with `device=` the backend's name, its path for that backend. jaxbuf's `sample`
 includes the importance weights (beta 0.4); Flashbax returns none. All cases take
 turns in every timed round.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_medians, run_scan, write_results
+from common import command_line, flashbax_device, interleaved_medians, run_scan, write_results
 
 import jaxbuf
 
@@ -73,7 +73,7 @@ def implementations() -> dict[str, list[Impl]]:
     ours_items = jaxbuf.make_replay_buffer(CAPACITY, BATCH, sampler=jaxbuf.prioritized(0.6))
     theirs_items = fbx.make_prioritised_flat_buffer(
         max_length=CAPACITY, min_length=2, sample_batch_size=BATCH, add_batch_size=ADD_BATCH,
-        priority_exponent=0.6, device="cpu",
+        priority_exponent=0.6, device=flashbax_device(),
     )  # fmt: skip
     per_env = CAPACITY // NUM_ENVS
     ours_seq = jaxbuf.make_trajectory_buffer(
@@ -82,7 +82,7 @@ def implementations() -> dict[str, list[Impl]]:
     theirs_seq = fbx.make_prioritised_trajectory_buffer(
         add_batch_size=NUM_ENVS, sample_batch_size=BATCH, sample_sequence_length=LENGTH,
         period=1, min_length_time_axis=LENGTH, max_length_time_axis=per_env,
-        priority_exponent=0.6, device="cpu",
+        priority_exponent=0.6, device=flashbax_device(),
     )  # fmt: skip
     item = lambda key: make_items(key, ADD_BATCH)  # noqa: E731
     step = lambda key: make_items(key, NUM_ENVS, 1)  # noqa: E731

@@ -4,7 +4,7 @@ Kinds and peers (where they have the same operation):
 - replay: jaxbuf, Flashbax's item buffer, cpprb's ReplayBuffer, and a NumPy ring
   buffer as Stable-Baselines3 writes one (preallocated arrays, a position, a
   fancy-index sample); add 8 items, sample B.
-- prioritized: jaxbuf, Flashbax's prioritised item buffer (`device="cpu"`),
+- prioritized: jaxbuf, Flashbax's prioritised item buffer (`device=` the backend),
   cpprb's PrioritizedReplayBuffer; add 8, sample B with importance weights.
 - trajectory: jaxbuf and Flashbax's trajectory buffer, 16 environments, one step
   each per add, B sequences of 8.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, interleaved_medians, write_results
+from common import command_line, flashbax_device, interleaved_medians, write_results
 
 import jaxbuf
 
@@ -158,7 +158,11 @@ def cases(kind: str, capacity: int, batch: int) -> dict:
                 jaxbuf.make_replay_buffer(capacity, batch, sampler=jaxbuf.prioritized()), flat, step
             ),
             "flashbax": lambda: JaxCase(
-                fbx.make_prioritised_item_buffer(capacity, 1, batch, add_batches=True), flat, step
+                fbx.make_prioritised_item_buffer(
+                    capacity, 1, batch, add_batches=True, device=flashbax_device()
+                ),
+                flat,
+                step,
             ),
             "cpprb": lambda: CpprbCase(capacity, batch, flat, step, prioritized=True),
         }

@@ -50,6 +50,14 @@ def environment() -> dict:
     }
 
 
+def flashbax_device() -> str:
+    """The `device=` of Flashbax's prioritized buffers: its sum-tree path for the
+    backend the benchmark runs on (`"cpu"`, `"gpu"` or `"tpu"`)."""
+    import jax
+
+    return jax.default_backend()
+
+
 def command_line(doc: str) -> argparse.Namespace:
     """The arguments every timing script takes: `--quick` (a smoke run) and `--out`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])

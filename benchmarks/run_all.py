@@ -1,6 +1,11 @@
 """Runs every benchmark, then draws the plots and writes the report.
 
-Run: `python benchmarks/run_all.py [--quick] [--out benchmarks/results] [--only a,b]`.
+Run: `python benchmarks/run_all.py [--quick] [--out benchmarks/results] [--only a,b]
+[--set accelerator]`.
+
+`--set accelerator` runs what matters on a GPU or TPU, where the hot paths differ
+from the CPU's: replay, trajectory, transition, prioritized, GAE, the options
+(epochs, rate limiter, goal relabeling) and the agents end to end.
 
 Each script runs in its own process (a fresh JAX, so one script's memory and
 compiled code cannot slow the next), one after another, under a progress bar;
@@ -36,11 +41,21 @@ SCRIPTS = (
 )
 
 
+SETS = {
+    "all": SCRIPTS,
+    "accelerator": (
+        "bench_replay", "bench_trajectory", "bench_transition", "bench_prioritized",
+        "bench_gae", "bench_options", "bench_agents",
+    ),
+}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of every script")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--only", default="", help="comma-separated script names to run")
+    parser.add_argument("--set", default="all", choices=sorted(SETS), help="which scripts")
     args = parser.parse_args()
     import report
     from common import environment
@@ -53,7 +68,7 @@ def main() -> None:
     out = pathlib.Path(args.out).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    chosen = [s for s in SCRIPTS if not args.only or s in args.only.split(",")]
+    chosen = [s for s in SETS[args.set] if not args.only or s in args.only.split(",")]
     failed = []
     with tqdm(chosen, unit="script") as bar:
         for script in bar:

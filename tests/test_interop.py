@@ -105,7 +105,9 @@ def test_to_torch_shares_memory_with_the_sampled_batch(state):
         array = batch.experience[name]
         assert isinstance(tensor, torch.Tensor) and tensor.dtype == getattr(torch, array.dtype.name)
         assert tensor.data_ptr() == array.unsafe_buffer_pointer()  # no copy
-        np.testing.assert_array_equal(tensor.numpy(), np.asarray(array))
+        # on the array's own device (a CUDA tensor for a GPU array): compare on the host
+        assert tensor.device.type == next(iter(array.devices())).platform.replace("gpu", "cuda")
+        np.testing.assert_array_equal(tensor.cpu().numpy(), np.asarray(array))
 
 
 def test_torch_is_optional(monkeypatch, state):
