@@ -72,15 +72,32 @@ def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree, *,
         transition, episode; `T <= capacity`), with the example's structure and
         dtypes (checked at trace time, errors naming the leaf).
       where: optional bool scalar (traced or not): with false, the call stores
-        nothing and returns the state as it was, bit for bit. A masked write,
-        not a branch: the rows go out of bounds, where the scatter drops them,
-        so gating `add` on a rate limiter inside `jit` costs no `lax.cond` (a
-        host round trip on GPUs) and the same O(B) as an add.
+        nothing and returns the state as it was, bit for bit. Where lowered for
+        GPU or TPU it is a masked write, not a branch: the rows go out of
+        bounds, where the scatter drops them, so gating `add` on a rate limiter
+        inside `jit` costs no `lax.cond` (a host round trip there) and the same
+        O(B) as an add. On CPU, where a branch is free and skips the work, it
+        is a `lax.cond`.
 
     Returns:
       The new state.
     """
     where = check_where(where)
+    if where is None:
+        return _write(layout, sampler, state, data, None)
+
+    def branch() -> Any:  # CPU: a branch costs nothing there, and skips the work
+        return jax.lax.cond(where, lambda: _write(layout, sampler, state, data, None),
+                            lambda: state)  # fmt: skip
+
+    def masked() -> Any:  # accelerators: no predicate sent to the host
+        return _write(layout, sampler, state, data, where)
+
+    return jax.lax.platform_dependent(cpu=branch, default=masked)
+
+
+def _write(layout: Layout, sampler: Sampler, state: Any, data: PyTree, where) -> Any:
+    """`add`'s work: write the data (masked by `where`) and tell the sampler."""
     state, changes = layout.write(state, data, where)
     changes = _gate_changes(changes, where)
     return state.replace(sampler=sampler.after_add(state.sampler, changes))

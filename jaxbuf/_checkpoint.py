@@ -326,6 +326,11 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
             )
 
 
+# Configuration fields that choose how results are computed, not what the state holds
+# (the rollout buffer's GAE `method`): a state restores whatever they are.
+HOW_ONLY = frozenset({"method"})
+
+
 def _check_config(metadata: dict, buffer: Any, folder: pathlib.Path) -> None:
     """Raises naming every field where the saved configuration and the buffer's differ."""
     kind, config = _describe(buffer)
@@ -339,7 +344,7 @@ def _check_config(metadata: dict, buffer: Any, folder: pathlib.Path) -> None:
     differing = [
         f"{name}: saved {saved.get(name, '(absent)')!r}, buffer {wanted.get(name, '(absent)')!r}"
         for name in sorted(saved.keys() | wanted.keys())
-        if saved.get(name, "(absent)") != wanted.get(name, "(absent)")
+        if saved.get(name, "(absent)") != wanted.get(name, "(absent)") and name not in HOW_ONLY
     ]
     if differing:
         raise ValueError(

@@ -201,10 +201,10 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     if k > 1:
         obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k)
     else:
-        # both observations in one read of [B, 2] rows
-        pair = _storage.read(steps["obs"], envs[:, None], jnp.stack([starts, following], axis=1))
-        obs = jax.tree.map(lambda x: x[:, 0], pair)
-        next_obs = _where_rows(ended, final, jax.tree.map(lambda x: x[:, 1], pair))
+        obs, following_obs = jax.lax.platform_dependent(
+            steps["obs"], envs, starts, following, cpu=_two_reads, default=_one_read
+        )
+        next_obs = _where_rows(ended, final, following_obs)
     transition = Transition(
         obs=obs,
         action=_storage.read(steps["action"], envs, starts),
@@ -217,6 +217,18 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
         ),
     )
     return transition, length
+
+
+def _two_reads(obs: PyTree, envs, starts, following) -> tuple[PyTree, PyTree]:
+    """The observations at `starts` and at `following` (int32 `[B]` each), read apart:
+    on CPU XLA narrows each read to the columns its consumers use."""
+    return _storage.read(obs, envs, starts), _storage.read(obs, envs, following)
+
+
+def _one_read(obs: PyTree, envs, starts, following) -> tuple[PyTree, PyTree]:
+    """`_two_reads` as one read of `[B, 2]` rows: one gather kernel on accelerators."""
+    pair = _storage.read(obs, envs[:, None], jnp.stack([starts, following], axis=1))
+    return jax.tree.map(lambda x: x[:, 0], pair), jax.tree.map(lambda x: x[:, 1], pair)
 
 
 def _where_rows(rows: jax.Array, yes: PyTree, no: PyTree) -> PyTree:

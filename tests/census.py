@@ -118,6 +118,9 @@ def _sampled_calls(name: str, buffer: Any, example: Any, time_axis: int):
     key = jax.random.key(0)
     lead = (BATCH,) if time_axis == 0 else (ENVS, 4)
     yield f"{name}.add", buffer.add, (state, _zeros(example, *lead))
+    gate = jax.ShapeDtypeStruct((), jnp.bool_)
+    masked = lambda s, d, w: buffer.add(s, d, where=w)  # noqa: E731
+    yield f"{name} where=.add", masked, (state, _zeros(example, *lead), gate)
     if time_axis and getattr(buffer, "add_step", None) is not None:
         yield f"{name}.add_step", buffer.add_step, (state, _zeros(example, ENVS))
     if getattr(buffer, "next_batch", None) is not None:

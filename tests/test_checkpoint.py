@@ -346,6 +346,21 @@ def test_restore_with_the_buffer_names_every_differing_field(tmp_path):
         jaxbuf.restore(tmp_path / "bare", template, saved)
 
 
+def test_a_rollout_restores_whatever_its_gae_method(tmp_path):
+    """The method solves GAE; it is not in the state. A rollout saved with 0.2's default
+    (scan) restores into a buffer with today's (auto), and the other way round, while a
+    field that shapes the data (normalize_advantages) still has to agree."""
+    scan = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9, method="scan")
+    auto = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9)
+    state = scan.init(STEP)
+    folder = jaxbuf.save(tmp_path / "rollout", state, scan)
+    chex.assert_trees_all_equal(jaxbuf.restore(folder, auto.init(STEP), auto), state)
+    unnormalized = jaxbuf.make_rollout_buffer(4, 3, discount=0.9, gae_lambda=0.9,
+                                              normalize_advantages=False)  # fmt: skip
+    with pytest.raises(ValueError, match="normalize_advantages: saved True, buffer False"):
+        jaxbuf.restore(folder, auto.init(STEP), unnormalized)
+
+
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1000])
 def test_leaves_stream_in_chunks_and_restore_exactly(tmp_path, monkeypatch, chunk_bytes):
     monkeypatch.setattr(_checkpoint, "CHUNK_BYTES", chunk_bytes)
