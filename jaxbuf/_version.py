@@ -1,3 +1,3 @@
 """The jaxbuf version."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

@@ -128,6 +128,8 @@ def _sampled_calls(name: str, buffer: Any, example: Any, time_axis: int):
     else:
         yield f"{name}.sample", buffer.sample, (state, key)
     indices = jax.ShapeDtypeStruct((BATCH,), jnp.int32)
+    yield f"{name}.take", buffer.take, (state, indices)
+    yield f"{name}.can_sample", buffer.can_sample, (state,)
     if getattr(buffer, "set_priorities", None) is not None:
         priorities = jax.ShapeDtypeStruct((BATCH,), jnp.float32)
         yield f"{name}.set_priorities", buffer.set_priorities, (state, indices, priorities)
@@ -154,6 +156,7 @@ def _rollout_and_queue():
     state = jax.eval_shape(rollout.init, step)
     yield "rollout.add", rollout.add, (state, _zeros(step, 64))
     yield "rollout.finish", rollout.finish, (state, jax.ShapeDtypeStruct((64,), jnp.float32))
+    yield "rollout.clear", rollout.clear, (state,)
     minibatches = lambda s, k: rollout.minibatches(s, k, 4)  # noqa: E731
     yield "rollout.minibatches", minibatches, (state, jax.random.key(0))
     queue = jaxbuf.make_queue(4096, 64, 256)

@@ -266,7 +266,7 @@ def test_add_and_sample_errors_are_named():
     assert not batch.valid.any() and not batch.weights.any()
 
 
-@pytest.mark.parametrize("capacity", [1, 2, 3, 33, 1000, 5000, 70_000])
+@pytest.mark.parametrize("capacity", [1, 3, 33, 5000, 70_000])
 def test_block_paths_give_the_cpu_paths_tree_and_draws_bit_for_bit(capacity):
     """The accelerator paths (several levels per access, no loop) against the CPU paths on
     float values with zeros, duplicates and skipped entries, at depths 0 to 17 (jumps of
@@ -276,8 +276,8 @@ def test_block_paths_give_the_cpu_paths_tree_and_draws_bit_for_bit(capacity):
     parallel = jax.jit(functools.partial(_sumtree.update, method="parallel"))
     loop, blocks = jax.jit(_sumtree._find_in_loop), jax.jit(_sumtree_blocks.find)
     one = other = _sumtree.init(capacity)
-    for _ in range(12):
-        count = int(rng.integers(1, 300))
+    for round_ in range(8):
+        count = (7, 256)[round_ % 2]  # two shapes: two compilations
         indices = jnp.asarray(rng.integers(0, capacity, count), jnp.int32)
         values = rng.exponential(size=count) * (rng.random(count) > 0.2)
         values = jnp.asarray(values * 10.0 ** rng.integers(-6, 6, count), jnp.float32)
