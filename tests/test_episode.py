@@ -55,9 +55,12 @@ class Episodes:
 
 
 @pytest.mark.parametrize(
-    "capacity, max_length, min_episode_length, done_probability",
-    [(12, 12, 1, 0.3), (12, 5, 1, 0.15), (16, 6, 3, 0.4), (9, 3, 1, 0.6)],
-)
+    "capacity, max_length, min_episode_length, done_probability, platform_path",
+    [(12, 12, 1, 0.3, "cpu path"), (12, 5, 1, 0.15, "cpu path"), (16, 6, 3, 0.4, "cpu path"),
+     (9, 3, 1, 0.6, "cpu path"), (12, 12, 1, 0.3, "accelerator path"),
+     (16, 6, 3, 0.4, "accelerator path")],
+    indirect=["platform_path"],
+)  # fmt: skip
 def test_episodes_are_complete_stored_and_padded_at_every_wrap(
     capacity, max_length, min_episode_length, done_probability, platform_path
 ):

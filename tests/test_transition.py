@@ -86,9 +86,12 @@ class Reference:
 
 
 @pytest.mark.parametrize(
-    "n_step, min_episode_length, done_probability",
-    [(1, 1, 0.3), (3, 1, 0.3), (4, 1, 0.05), (3, 4, 0.3), (2, 6, 0.5)],
-)
+    "n_step, min_episode_length, done_probability, platform_path",
+    [(1, 1, 0.3, "cpu path"), (3, 1, 0.3, "cpu path"), (4, 1, 0.05, "cpu path"),
+     (3, 4, 0.3, "cpu path"), (2, 6, 0.5, "cpu path"),
+     (3, 1, 0.3, "accelerator path"), (3, 4, 0.3, "accelerator path")],
+    indirect=["platform_path"],
+)  # fmt: skip
 def test_samples_match_naive_full_transitions(
     n_step, min_episode_length, done_probability, platform_path
 ):
