@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _storage
+from jaxbuf import _storage, _validation
 from jaxbuf._goals import Relabeling
 from jaxbuf._samplers import Changes, Drawn, Sampler
 from jaxbuf._types import Buffer, Config, PyTree, Sample
@@ -82,7 +82,7 @@ def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree, *,
     Returns:
       The new state.
     """
-    where = check_where(where)
+    where = _validation.check_where(where, "whether to store the data")
     if where is None:
         return _write(layout, sampler, state, data, None)
 
@@ -101,19 +101,6 @@ def _write(layout: Layout, sampler: Sampler, state: Any, data: PyTree, where) ->
     state, changes = layout.write(state, data, where)
     changes = _gate_changes(changes, where)
     return state.replace(sampler=sampler.after_add(state.sampler, changes))
-
-
-def check_where(where: Any, shape: tuple[int, ...] = ()) -> jax.Array | None:
-    """`where` as a bool array of `shape` (None stays None), or a named error."""
-    if where is None:
-        return None
-    if getattr(where, "dtype", type(where)) not in (bool, jnp.bool_) or jnp.shape(where) != shape:
-        got = getattr(where, "dtype", type(where).__name__)
-        raise TypeError(
-            f"where must be a bool array of shape {list(shape)} (whether to store the data), "
-            f"got {got}{list(jnp.shape(where))}."
-        )
-    return jnp.asarray(where)
 
 
 def _gate_changes(changes: Changes, where: jax.Array | None) -> Changes:

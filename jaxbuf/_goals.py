@@ -251,8 +251,7 @@ def _episode_span(state: Any, envs: jax.Array, at: jax.Array) -> tuple[jax.Array
     side = state.side
     k = side.added_at.shape[1]
     oldest = state.added - state.size.astype(jnp.uint32)
-    base = _sampling.take_small(side.position - side.size, envs)
-
+    base = _sampling.take_small(side.position - side.size, envs)  # the oldest end's slot
     size = _sampling.take_small(side.size, envs)
 
     def end_at(rank: jax.Array) -> jax.Array:  # rank `[B]` or `[B, w]`

@@ -141,12 +141,8 @@ def _count(name: str, value: Any) -> jax.Array:
 
 def _gated(count: jax.Array, where: Any) -> jax.Array:
     """`count`, or 0 where `where` (an optional bool scalar) is false."""
-    if where is None:
-        return count
-    if getattr(where, "dtype", type(where)) not in (bool, jnp.bool_) or jnp.shape(where) != ():
-        got = getattr(where, "dtype", type(where).__name__)
-        raise TypeError(f"where must be a bool scalar, got {got}{list(jnp.shape(where))}.")
-    return jnp.where(where, count, 0)
+    where = _validation.check_where(where, "whether to count")
+    return count if where is None else jnp.where(where, count, 0)
 
 
 def _bound(value: Any, rounding: Callable[[Any], int]) -> int:

@@ -207,17 +207,26 @@ def find(tree: SumTreeState, fractions: jax.Array):
     return jax.lax.optimization_barrier(found)
 
 
+def read_root(tree: SumTreeState, fractions: jax.Array):
+    """`(node, total, smallest)`, each `[B]`: the root node (0 for NaN fractions),
+    the tree's total and its smallest positive leaf, where a descent starts.
+
+    The root is read by a gather at an index XLA cannot fold into a constant: a
+    static slice of the tree makes XLA copy the whole tree before an update.
+    Node 0 holds the root's minimum, so that one gather from the sums (which the
+    descent then depends on) reads both: a separate read of `minima` would be
+    duplicated by XLA into later consumers, after an update of the tree.
+    """
+    node = (fractions == fractions).astype(jnp.int32)  # 1 (NaN fractions: node 0)
+    offsets = jnp.arange(2, dtype=jnp.int32)[None, :]
+    root = tree.sums.at[node[:, None] - offsets].get(mode="clip")
+    return node, root[:, 0], root[:, 1]
+
+
 def _find_in_loop(tree: SumTreeState, fractions: jax.Array):
     """`find`, two levels per loop iteration (the CPU path)."""
     sums = tree.sums
-    # Read the root by a gather at an index XLA cannot fold into a constant: a
-    # static slice of the tree makes XLA copy the whole tree before an update.
-    # Node 0 holds the root's minimum, so that one gather from the sums (which the
-    # descent then depends on) reads both: a separate read of `minima` would be
-    # duplicated by XLA into later consumers, after an update of the tree.
-    node = (fractions == fractions).astype(jnp.int32)  # 1 (NaN fractions: node 0)
-    root = sums.at[node[:, None] - jnp.arange(2, dtype=jnp.int32)[None, :]].get(mode="clip")
-    total, smallest = root[:, 0], root[:, 1]
+    node, total, smallest = read_root(tree, fractions)
     state = (node, fractions * total, total)
     if depth(tree) % 2:  # one level alone, then two at a time
         pair = sums.at[2 * node[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]].get(mode="clip")

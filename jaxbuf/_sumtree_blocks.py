@@ -62,9 +62,7 @@ def _pick(level: jax.Array, position: jax.Array) -> jax.Array:
 def find(tree: _sumtree.SumTreeState, fractions: jax.Array):
     """`_sumtree.find`, `LEVELS` levels per gather; the same results bit for bit."""
     sums, offset = tree.sums, _sumtree.leaf_offset(tree)
-    node = (fractions == fractions).astype(jnp.int32)  # 1 (NaN fractions: node 0)
-    root = sums.at[node[:, None] - jnp.arange(2, dtype=jnp.int32)[None, :]].get(mode="clip")
-    total, smallest = root[:, 0], root[:, 1]
+    node, total, smallest = _sumtree.read_root(tree, fractions)
     targets, value = fractions * total, total
     for levels in jumps(_sumtree.depth(tree)):
         below = sums.at[_block(node, levels)].get(mode="promise_in_bounds")  # [B, 2^levels]

@@ -87,6 +87,17 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def check_where(where: Any, meaning: str) -> jax.Array | None:
+    """An optional gate `where` as a bool scalar array (None stays None), or a
+    `TypeError` saying what it gates (`meaning`) and what came."""
+    if where is None:
+        return None
+    if getattr(where, "dtype", type(where)) not in (bool, jnp.bool_) or jnp.shape(where) != ():
+        got = f"{getattr(where, 'dtype', type(where).__name__)}{list(jnp.shape(where))}"
+        raise TypeError(f"where must be a bool scalar ({meaning}), got {got}.")
+    return jnp.asarray(where)
+
+
 def leaf_shape_dtype(what: str, path: Any, leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and JAX dtype of an array-like leaf (float64 -> float32 without x64)."""
     if isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or hasattr(

@@ -56,11 +56,9 @@ def lift(layout: Layout, count: int) -> Layout:
 
     def write(state, data: PyTree, where=None):
         _check_lead(data, count, "items")
-        if where is not None:  # one gate for all buffers
-            where = jnp.broadcast_to(where, (count,))
+        write_each = jax.vmap(layout.write, in_axes=(0, 0, None))  # one gate for all buffers
         try:
-            axes = (0, 0, None if where is None else 0)
-            after, changes = jax.vmap(layout.write, in_axes=axes)(_inner(state), data, where)
+            after, changes = write_each(_inner(state), data, where)
         except (ValueError, TypeError) as error:
             raise type(error)(
                 f"{error} (shapes there are one buffer's, without the leading num_buffers axis.)"

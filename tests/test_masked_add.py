@@ -129,7 +129,7 @@ def test_where_must_be_a_bool_scalar(where, got):
     buffer = jaxbuf.make_replay_buffer(8, 4)
     state = buffer.init(STEP)
     data = jax.tree.map(lambda x: jnp.zeros((3, *x.shape), x.dtype), STEP)
-    expected = f"where must be a bool array of shape [] (whether to store the data), got {got}."
+    expected = f"where must be a bool scalar (whether to store the data), got {got}."
     with pytest.raises(TypeError, match=re.escape(expected)):
         jax.jit(buffer.add)(state, data, where=where)
     assert int(state.size) == 0  # the state is untouched

@@ -127,7 +127,8 @@ def test_branch_free_gating_equals_gating_by_cond():
         np.testing.assert_array_equal(a, b)
     (_, limits), learned = results[1]
     assert 0 < int((learned != 0).any(axis=1).sum()) < 300  # both gates were shut at times
-    with pytest.raises(TypeError, match=re.escape("where must be a bool scalar, got int32[]")):
+    expected = "where must be a bool scalar (whether to count), got int32[]"
+    with pytest.raises(TypeError, match=re.escape(expected)):
         limiter.inserted(limits, 3, where=jnp.int32(1))
 
 
