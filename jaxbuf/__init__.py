@@ -8,12 +8,14 @@ one `Sample` record.
 """
 
 from jaxbuf._access import take_all
+from jaxbuf._blocks import Blocks, blocks
 from jaxbuf._checkpoint import load_metadata, restore, save
 from jaxbuf._config import buffer_from_config
 from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
 from jaxbuf._episode import EpisodeRecords, make_episode_buffer
 from jaxbuf._export import export, read_export, stored_items, to_torch
 from jaxbuf._goals import Hindsight, hindsight
+from jaxbuf._host_loop import HostLoop
 from jaxbuf._mix import mix
 from jaxbuf._prefill import Environment, gymnax_env, prefill
 from jaxbuf._queue import Queue, QueueState, make_queue
@@ -54,6 +56,7 @@ from jaxbuf._version import __version__ as __version__
 __all__ = [
     "STEP_KEYS",
     "AddFn",
+    "Blocks",
     "Buffer",
     "BufferLike",
     "CanSampleFn",
@@ -64,6 +67,7 @@ __all__ = [
     "EpochState",
     "FinalObservations",
     "Hindsight",
+    "HostLoop",
     "InitFn",
     "PriorityState",
     "Queue",
@@ -79,6 +83,7 @@ __all__ = [
     "Sampler",
     "TimeRingState",
     "Transition",
+    "blocks",
     "buffer_from_config",
     "dataset_to_state",
     "discounted_returns",

@@ -44,6 +44,9 @@ class Layout(NamedTuple):
     flatten: Callable[[Any], jax.Array]
     one_step: Callable[[Any, PyTree], PyTree] | None = None
     goals: Relabeling | None = None
+    # The axis of `add`'s data along which consecutive calls' data follow each other
+    # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
+    steps_axis: int = 1
 
 
 def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:

@@ -36,6 +36,7 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
         ready=lambda state, slots=None: state.size >= min_size,
         place=_buffers.identity,
         flatten=_buffers.identity,
+        steps_axis=0,
     )
 
 

@@ -100,6 +100,7 @@ def lift(layout: Layout, count: int) -> Layout:
         lambda where: where[0] * slots + layout.flatten(where[1]),
         None if layout.one_step is None else one_step,
         None if layout.goals is None else _lift_goals(layout.goals),
+        layout.steps_axis + 1,
     )  # fmt: skip
 
 

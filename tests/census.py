@@ -24,7 +24,7 @@ import jaxbuf
 PLATFORMS = ("cuda", "tpu")
 # Operations that must lower without loops or branches on an accelerator.
 BRANCH_FREE = ("add", "add_step", "sample", "set_priorities", "next_batch", "finish",
-               "minibatches")  # fmt: skip
+               "minibatches", "write_and_draw")  # fmt: skip
 COUNTED = ("while", "case/if", "gather", "scatter", "sort")
 ENVS, CAPACITY, BATCH, LENGTH = 16, 1 << 16, 256, 8
 
@@ -146,6 +146,23 @@ def operations() -> Iterator[tuple[str, Callable, tuple]]:
                                   ENVS)  # fmt: skip
     yield from _sampled_calls("vectorize(replay/prioritized)", vectorized, STEP, 1)
     yield from _rollout_and_queue()
+    yield from _blocks()
+
+
+def _blocks():
+    """A Python loop's call (`jaxbuf.blocks`, `HostLoop`): 32 steps written, 32 batches drawn."""
+    k = 32
+    for name, sampler in (("uniform", jaxbuf.uniform()), ("prioritized", jaxbuf.prioritized())):
+        buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY, BATCH, sampler=sampler)
+        example = _transition(jnp.zeros(8))
+        blocks = jaxbuf.blocks(buffer, k)
+        state = jax.eval_shape(buffer.init, example)
+        args = (state, _zeros(example, k, ENVS), jax.random.key(0))
+        yield f"blocks(transition/{name}).write_and_draw", blocks.write_and_draw, args
+    indices = jax.ShapeDtypeStruct((k, BATCH), jnp.int32)
+    priorities = jax.ShapeDtypeStruct((k, BATCH), jnp.float32)
+    yield (f"blocks(transition/{name}).set_priorities", blocks.set_priorities,
+           (state, indices, priorities))  # fmt: skip
 
 
 def _rollout_and_queue():

@@ -1,0 +1,316 @@
+"""Python-loop users: a buffer fed from a Gymnasium loop, against a NumPy ring, cpprb, TorchRL.
+
+The loop Stable-Baselines3, cpprb and TorchRL users write: a Gymnasium vector
+environment of 8 envs steps in Python; every environment step adds the step
+(obs, action, reward, terminated, truncated, next_obs with the final
+observation at episode ends) and the learner receives one batch of 256
+transitions. Two environments: CartPole-v1, and a synthetic one with 84x84
+uint8 frames (the buffer's work grows with the frames, the environment's is a
+copy of ready frames).
+
+Buffers, all fed the same recorded steps:
+- "NumPy ring": Stable-Baselines3's layout (obs and next_obs rows, `rng.integers`
+  and fancy indexing), the baseline of the ratios;
+- "cpprb": `cpprb.ReplayBuffer` with the same fields;
+- "TorchRL": `ReplayBuffer(storage=LazyTensorStorage)` fed TensorDicts;
+- "jaxbuf per call": a jitted, donated `add_step` and `sample` every step;
+- "jaxbuf k=K": `jaxbuf.HostLoop` with `steps_per_call=K`: one call writes K
+  staged steps and draws K batches; the learner takes batch j of the block.
+Batches reach the learner as NumPy arrays (TorchRL's as tensors). The
+environment's own step is timed apart; "share" is the buffer's part of an
+environment-plus-buffer step. Variants take turns in every timed round over the
+recorded steps; the table gives the median and fastest round, in microseconds
+per environment step.
+
+Run: `python benchmarks/bench_hostloop.py [--quick] [--out benchmarks/results]`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import command_line, write_results
+from gymnasium.vector import AutoresetMode
+
+import jaxbuf
+
+ENVS, BATCH = 8, 256
+BLOCKS = (1, 8, 32, 128)
+FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
+
+
+def cartpole_trace(steps: int) -> list[tuple]:
+    """Recorded CartPole steps: (obs, action, reward, terminated, truncated,
+    next_obs with the final observation where an episode ended)."""
+    envs = gym.make_vec("CartPole-v1", num_envs=ENVS, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})  # fmt: skip
+    obs, _ = envs.reset(seed=0)
+    trace = []
+    for _ in range(steps):
+        action = envs.action_space.sample()
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        final = next_obs.copy()
+        for i in np.flatnonzero(terminated | truncated):
+            final[i] = info["final_obs"][i]
+        trace.append((obs, action.astype(np.int32), reward.astype(np.float32), terminated,
+                      truncated, final))  # fmt: skip
+        obs = next_obs
+    return trace
+
+
+def cartpole_env_time(steps: int) -> float:
+    """Seconds per step of the 8 CartPole environments alone."""
+    envs = gym.make_vec("CartPole-v1", num_envs=ENVS, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})  # fmt: skip
+    envs.reset(seed=1)
+    start = time.perf_counter()
+    for _ in range(steps):
+        envs.step(envs.action_space.sample())
+    return (time.perf_counter() - start) / steps
+
+
+class FrameEnv:
+    """A synthetic environment of 84x84 uint8 frames: a step copies ready frames."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.frames = self.rng.integers(0, 255, (64, ENVS, 84, 84), dtype=np.uint8)
+        self.t = 0
+
+    def step(self) -> tuple:
+        self.t += 1
+        obs = self.frames[self.t % 64].copy()
+        done = self.rng.random(ENVS) < 0.01
+        return obs, np.zeros(ENVS, np.int32), np.ones(ENVS, np.float32), done, np.zeros(ENVS, bool)
+
+
+def frame_trace(steps: int) -> list[tuple]:
+    env, trace = FrameEnv(0), []
+    obs = env.step()[0]
+    for _ in range(steps):
+        next_obs, action, reward, terminated, truncated = env.step()
+        trace.append((obs, action, reward, terminated, truncated, next_obs))
+        obs = next_obs
+    return trace
+
+
+def frame_env_time(steps: int) -> float:
+    env = FrameEnv(1)
+    start = time.perf_counter()
+    for _ in range(steps):
+        env.step()
+    return (time.perf_counter() - start) / steps
+
+
+class NumpyRing:
+    """Stable-Baselines3's replay layout: rows of obs and next_obs, sampled with replacement."""
+
+    def __init__(self, capacity: int, obs_shape: tuple, obs_dtype):
+        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.action = np.zeros(capacity, np.int32)
+        self.reward = np.zeros(capacity, np.float32)
+        self.done = np.zeros(capacity, bool)
+        self.position, self.full, self.rng = 0, False, np.random.default_rng(0)
+
+    def add(self, obs, action, reward, terminated, truncated, next_obs) -> None:
+        rows = (self.position + np.arange(len(action))) % len(self.action)
+        self.obs[rows], self.next_obs[rows] = obs, next_obs
+        self.action[rows], self.reward[rows], self.done[rows] = action, reward, terminated
+        self.position = (self.position + len(action)) % len(self.action)
+        self.full |= self.position < len(action)
+
+    def sample(self) -> tuple:
+        rows = self.rng.integers(0, len(self.action) if self.full else self.position, BATCH)
+        return (self.obs[rows], self.action[rows], self.reward[rows], self.done[rows],
+                self.next_obs[rows])  # fmt: skip
+
+
+def numpy_ring(capacity: int, obs):
+    ring = NumpyRing(capacity, obs.shape[1:], obs.dtype)
+
+    def step(obs, action, reward, terminated, truncated, next_obs):
+        ring.add(obs, action, reward, terminated, truncated, next_obs)
+        return ring.sample()
+
+    return step
+
+
+def cpprb_buffer(capacity: int, obs):
+    import cpprb
+
+    frame = {"shape": obs.shape[1:], "dtype": obs.dtype}
+    fields = {"obs": frame, "act": {"dtype": np.int32}, "rew": {}, "done": {}, "next_obs": frame}
+    buffer = cpprb.ReplayBuffer(capacity, fields)
+
+    def step(obs, action, reward, terminated, truncated, next_obs):
+        buffer.add(obs=obs, act=action, rew=reward, done=terminated, next_obs=next_obs)
+        return buffer.sample(BATCH)
+
+    return step
+
+
+def torchrl_buffer(capacity: int, obs):
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    buffer = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=BATCH)
+
+    def step(obs, action, reward, terminated, truncated, next_obs):
+        data = {"obs": obs, "action": action, "reward": reward, "done": terminated,
+                "next_obs": next_obs}  # fmt: skip
+        buffer.extend(TensorDict({k: torch.from_numpy(v) for k, v in data.items()}, [ENVS]))
+        return buffer.sample()
+
+    return step
+
+
+def jaxbuf_buffer(capacity: int, obs):
+    return jaxbuf.make_transition_buffer(ENVS, capacity // ENVS, BATCH)
+
+
+def example_of(obs) -> jaxbuf.Transition:
+    zeros = jnp.zeros(obs.shape[1:], obs.dtype)
+    return jaxbuf.Transition(zeros, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                             jnp.bool_(False), zeros)  # fmt: skip
+
+
+def jaxbuf_per_call(capacity: int, obs):
+    buffer = jaxbuf_buffer(capacity, obs)
+    add_step, sample = jax.jit(buffer.add_step, donate_argnums=0), jax.jit(buffer.sample)
+    held = {"state": buffer.init(example_of(obs)), "key": jax.random.key(0), "t": 0}
+
+    def step(*fields):
+        held["state"] = add_step(held["state"], jaxbuf.Transition(*fields))
+        held["t"] += 1
+        batch = sample(held["state"], jax.random.fold_in(held["key"], held["t"])).experience
+        return tuple(np.asarray(x) for x in (batch.obs, batch.action, batch.reward,
+                                             batch.discount, batch.next_obs))  # fmt: skip
+
+    return step
+
+
+def jaxbuf_host_loop(k: int):
+    def make(capacity: int, obs):
+        buffer = jaxbuf_buffer(capacity, obs)
+        loop = jaxbuf.HostLoop(buffer, buffer.init(example_of(obs)), jax.random.key(0),
+                               steps_per_call=k)  # fmt: skip
+        held: dict = {"block": None, "j": 0}
+
+        def step(*fields):
+            block = loop.add(jaxbuf.Transition(*fields))
+            if block is not None:
+                held["block"], held["j"] = block.experience, 0
+            batch, j = held["block"], held["j"]
+            if batch is None or j >= k:
+                return None
+            held["j"] = j + 1
+            return (batch.obs[j], batch.action[j], batch.reward[j], batch.discount[j],
+                    batch.next_obs[j])  # fmt: skip
+
+        return step
+
+    return make
+
+
+def variants() -> dict:
+    found = {"NumPy ring": numpy_ring, "cpprb": cpprb_buffer}
+    try:
+        import torchrl  # noqa: F401
+
+        found["TorchRL"] = torchrl_buffer
+    except ImportError:
+        print("TorchRL is not installed here: its column is left out.")
+    found["jaxbuf per call"] = jaxbuf_per_call
+    found.update({f"jaxbuf k={k}": jaxbuf_host_loop(k) for k in BLOCKS})
+    return found
+
+
+def per_step_times(trace: list, capacity: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per environment step of every variant, one list entry per round."""
+    steps = {name: make(capacity, trace[0][0]) for name, make in variants().items()}
+    for step in steps.values():  # compile, fill
+        for fields in trace:
+            step(*fields)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for fields in trace:
+                step(*fields)
+            times[name].append((time.perf_counter() - start) / len(trace))
+    return times
+
+
+def rows_of(env_name: str, times: dict[str, list[float]], env_seconds: float) -> list[dict]:
+    base = float(np.median(times["NumPy ring"]))
+    rows = []
+    for name, values in times.items():
+        median = float(np.median(values))
+        rows.append({
+            "env": env_name, "buffer": name, "median_us": median * 1e6,
+            "fastest_us": float(np.min(values)) * 1e6, "env_us": env_seconds * 1e6,
+            "ratio": median / base, "share": median / (median + env_seconds),
+        })  # fmt: skip
+    return rows
+
+
+def plot(rows: list[dict], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    for env_name in dict.fromkeys(row["env"] for row in rows):
+        mine = {r["buffer"]: r for r in rows if r["env"] == env_name}
+        axis.plot(BLOCKS, [mine[f"jaxbuf k={k}"]["share"] for k in BLOCKS], "o-",
+                  label=f"jaxbuf, {env_name}")  # fmt: skip
+        axis.axhline(mine["NumPy ring"]["share"], ls="--", lw=1, color=axis.lines[-1].get_color(),
+                     label=f"NumPy ring, {env_name}")  # fmt: skip
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("steps per call k")
+    axis.set_ylabel("buffer's share of env + buffer")
+    axis.set_ylim(0, 1)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path = f"{out}/hostloop_{jax.default_backend()}.png"
+    figure.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    args = command_line(__doc__)
+    steps, repeats = (400, 3) if args.quick else (2000, 5)
+    rows = rows_of("CartPole", per_step_times(cartpole_trace(steps), 100_000, repeats),
+                   cartpole_env_time(steps))  # fmt: skip
+    frames = frame_trace(steps // 2)
+    rows += rows_of("84x84 uint8", per_step_times(frames, 8_000, repeats),
+                    frame_env_time(steps // 2))  # fmt: skip
+    columns = [("environment", "env", "{}"), ("buffer", "buffer", "{}"),
+               ("median µs/step", "median_us", "{:.1f}"), ("fastest", "fastest_us", "{:.1f}"),
+               ("/ NumPy ring", "ratio", "{:.2f}"), ("env µs/step", "env_us", "{:.1f}"),
+               ("buffer's share", "share", "{:.2f}")]  # fmt: skip
+    write_results(args.out, "hostloop", rows, columns, __doc__)
+    plot(rows, args.out)
+    for row in rows:
+        print(f"{row['env']:12s} {row['buffer']:16s} {row['median_us']:8.1f} us/step "
+              f"(fastest {row['fastest_us']:.1f})  {row['ratio']:.2f} of NumPy ring, "
+              f"share {row['share']:.2f}")  # fmt: skip
+    frames_rows = {r["buffer"]: r for r in rows if r["env"] == "84x84 uint8"}
+    if "cpprb" in frames_rows:
+        best = min((frames_rows[f"jaxbuf k={k}"]["median_us"], k) for k in BLOCKS if k <= 32)
+        print(f"84x84 uint8: jaxbuf / cpprb {best[0] / frames_rows['cpprb']['median_us']:.2f} "
+              f"at k={best[1]}")  # fmt: skip
+    cart = {r["buffer"]: r for r in rows if r["env"] == "CartPole"}
+    ratio, k = min((cart[f"jaxbuf k={k}"]["ratio"], k) for k in BLOCKS if k <= 32)
+    print(f"hostloop: jaxbuf / NumPy ring {ratio:.2f} at k={k} (CartPole, {jax.default_backend()})")
+
+
+if __name__ == "__main__":
+    main()

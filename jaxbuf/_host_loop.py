@@ -1,0 +1,304 @@
+"""HostLoop: a buffer fed and drawn from a Python loop, `k` steps per call.
+
+The host-side part of `jaxbuf.blocks`: it stages the steps a Python loop adds in
+preallocated NumPy arrays and, every `k` steps, makes one jitted, donated call
+that writes them and draws the next `k` batches. Everything on the device stays
+pure (`blocks`); this class only holds the state, the key and the stage between
+calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuf import _export
+from jaxbuf._blocks import Blocks, blocks, single_add
+from jaxbuf._types import BufferLike, PyTree, Sample
+
+OUTPUTS = ("numpy", "torch", "jax")
+
+
+class HostLoop:
+    """A buffer fed from a Python loop: `add` stages steps on the host, and every
+    `steps_per_call` steps one call writes them and draws the next block of
+    batches.
+
+    The loop a Stable-Baselines3, cpprb or TorchRL user knows, with JAX's price
+    per call paid once per block instead of twice per step:
+
+        loop = jaxbuf.HostLoop(buffer, buffer.init(example), key, steps_per_call=32)
+        for t in range(steps):
+            ...                                   # step the environments
+            block = loop.add(step)                # NumPy (or torch) leaves [num_envs, ...]
+            if block is not None:                 # every 32 steps: 32 batches
+                for j in range(32):
+                    learn(block.experience.obs[j], ...)
+
+    Semantics:
+
+    - **What a batch can contain**: what was written up to the call that drew
+      it, the block's own `k` steps included; steps staged since are not
+      drawable yet. So a batch learned from at step `t` may miss the last `k`
+      steps, as with SB3's `train_freq=k`.
+    - **Distribution**: a block's `k` batches are exactly `k` calls of
+      `sample` with keys split from the loop's key (`blocks`): the same draws,
+      independent, as `k` single calls; `valid` and `min_size` as in `sample`.
+    - **Nothing is lost**: `state` writes the staged steps before returning the
+      state, so `jaxbuf.save(path, loop.state, buffer)` saves every step given
+      to `add`; leaving a `with HostLoop(...)` block (by an exception too)
+      writes them; `flush()` writes them at once. A step that fails its checks
+      raises in `add` and is not staged; nothing staged before is touched.
+    - **Priorities**: `set_priorities(indices, priorities)` (a block's `[k, B]`
+      at once, or a batch's `[B]`) are staged and applied at the next call,
+      before its steps are written, in the order given.
+
+    Args:
+      buffer: any buffer `jaxbuf.blocks` takes (every sampled kind and sampler,
+        goal relabeling, frame stacking, `vectorize`, the rollout buffer, the
+        queue).
+      state: the buffer's state (`buffer.init(example)`); it is donated at every
+        call, so read it back from `loop.state`.
+      key: a PRNG key; every drawing call splits it.
+      steps_per_call: `k`, the steps staged per call.
+      batches_per_call: batches per block; default `k` (0 for a rollout buffer).
+      output: `"numpy"` (views of the block on CPU, copies elsewhere),
+        `"torch"` (`jaxbuf.to_torch`: no copy on CPU or CUDA) or `"jax"` (for a
+        jitted learner that scans over the block).
+      **sample_options: the sampler's options (`importance_exponent` for
+        `prioritized`); `loop.sample_options` may be changed between calls
+        (traced: no recompilation).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, numpy as np, jaxbuf
+      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, capacity=64, sample_batch_size=4)
+      >>> example = jaxbuf.Transition(obs=jnp.zeros(3), action=jnp.int32(0),
+      ...     reward=jnp.float32(0), terminated=jnp.bool_(False),
+      ...     truncated=jnp.bool_(False), next_obs=jnp.zeros(3))
+      >>> loop = jaxbuf.HostLoop(buffer, buffer.init(example), jax.random.key(0), steps_per_call=8)
+      >>> step = jaxbuf.Transition(obs=np.ones((2, 3), np.float32), action=np.zeros(2, np.int32),
+      ...     reward=np.ones(2, np.float32), terminated=np.zeros(2, bool),
+      ...     truncated=np.zeros(2, bool), next_obs=np.ones((2, 3), np.float32))
+      >>> blocks = [loop.add(step) for _ in range(8)]
+      >>> blocks[6] is None, blocks[7].experience.obs.shape, type(blocks[7].valid).__name__
+      (True, (8, 4, 3), 'ndarray')
+      >>> loop.add(step) is None, loop.staged, int(loop.state.size), loop.staged
+      (True, 1, 9, 0)
+    """
+
+    def __init__(self, buffer: BufferLike, state: Any, key: jax.Array, *, steps_per_call: int,
+                 batches_per_call: int | None = None, output: str = "numpy",
+                 **sample_options: Any):  # fmt: skip
+        self.blocks: Blocks = blocks(buffer, steps_per_call, batches_per_call)
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
+        if output == "torch":
+            _export._import_torch()
+        self._output = output
+        self._state, self._key = state, _check_key(key)
+        self.sample_options: dict[str, Any] = dict(sample_options)
+        self._treedef: Any = None
+        self._specs: list[jax.ShapeDtypeStruct] = []
+        self._stage: list[np.ndarray] = []
+        self._staged = 0
+        self._priorities: list[tuple[np.ndarray, np.ndarray]] = []
+        self._calls = _Calls(self.blocks)
+
+    @property
+    def staged(self) -> int:
+        """The steps staged on the host, not written yet."""
+        return self._staged
+
+    @property
+    def steps_per_call(self) -> int:
+        """`k`: the steps each call writes."""
+        return self.blocks.config.steps_per_call
+
+    @property
+    def state(self) -> Any:
+        """The buffer state, holding every step given to `add`: staged steps (and
+        priorities) are written first. It is donated at the next call: save or
+        copy it before the loop goes on."""
+        self.flush()
+        return self._state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        """Replaces the state (after `finish` and `clear` of a rollout, say); steps
+        staged since the last call are written into the new one."""
+        self._state = state
+
+    def add(self, step: PyTree) -> Sample | None:
+        """Stages one step: what `buffer.add_step` takes (leaves `[num_envs, ...]`),
+        or `buffer.add` for kinds without it (replay: one call's `[n, ...]`
+        items; rollout: one step; queue: `[add_batch_size, ...]` items), as
+        NumPy arrays, torch CPU tensors or JAX arrays with the example's dtypes.
+
+        Returns:
+          None, or, when this step completes `steps_per_call` staged steps and
+          the loop draws, the block: a `Sample` with leaves `[batches_per_call,
+          B, ...]` in the loop's `output` format.
+        """
+        leaves = self._checked_leaves(step)
+        for staged, leaf in zip(self._stage, leaves, strict=True):
+            staged[self._staged] = leaf
+        self._staged += 1
+        if self._staged < self.steps_per_call:
+            return None
+        return self._call(self._take_stage(), draw=self.blocks.draw is not None)
+
+    def draw(self) -> Sample:
+        """Writes what is staged, then draws a block now (one call when nothing is
+        staged): for more batches per step than `batches_per_call`, or batches
+        before the first block."""
+        if self.blocks.draw is None:
+            raise TypeError("this buffer is not sampled (a rollout buffer): nothing to draw.")
+        self.flush()
+        block = self._call(None, draw=True)
+        assert block is not None
+        return block
+
+    def set_priorities(self, indices: Any, priorities: Any) -> None:
+        """Stages new priorities for a block's (`[k, B]`) or a batch's (`[B]`)
+        `indices`; the next call applies them, in order, before it writes."""
+        if self.blocks.set_priorities is None:
+            raise TypeError("set_priorities needs a buffer made with sampler=jaxbuf.prioritized().")
+        indices, priorities = np.asarray(indices), np.asarray(priorities)
+        if indices.shape != priorities.shape:
+            raise ValueError(
+                f"indices and priorities must have one shape, got {list(indices.shape)} "
+                f"and {list(priorities.shape)}."
+            )
+        if not np.issubdtype(indices.dtype, np.integer):
+            raise TypeError(f"indices must be integers, got dtype {indices.dtype}.")
+        if not np.issubdtype(priorities.dtype, np.floating):
+            raise TypeError(f"priorities must be floating point, got dtype {priorities.dtype}.")
+        self._priorities.append((indices.astype(np.int32).ravel(), priorities.ravel().copy()))
+
+    def flush(self) -> None:
+        """Writes the staged steps (and priorities) now: one call for a full
+        stage, one per step for a partial one (at a save or the end of a run)."""
+        if self._staged == self.steps_per_call:
+            self._call(self._take_stage(), draw=False)
+            return
+        if self._priorities:
+            self._call(None, draw=False)
+        partial, self._staged = self._staged, 0
+        for j in range(partial):
+            step = jax.tree.unflatten(self._treedef, [leaf[j] for leaf in self._stage])
+            self._state = self._calls.one(self._state, step)
+
+    def __enter__(self) -> HostLoop:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.flush()
+
+    def _checked_leaves(self, step: PyTree) -> list[np.ndarray]:
+        leaves, treedef = jax.tree.flatten(step)
+        leaves = [np.asarray(leaf) for leaf in leaves]
+        if self._treedef is None:
+            self._first_step(step, leaves, treedef)
+        if treedef != self._treedef:
+            raise ValueError(
+                f"step has structure {treedef}, but the loop's steps have {self._treedef}."
+            )
+        for index, (staged, leaf) in enumerate(zip(self._stage, leaves, strict=True)):
+            if staged.shape[1:] != leaf.shape or staged.dtype != leaf.dtype:
+                expected = f"{staged.dtype}{list(staged.shape[1:])}"
+                raise TypeError(
+                    f"step{_leaf_name(step, index)}: expected {expected} like the loop's first "
+                    f"step, got {leaf.dtype}{list(leaf.shape)}; convert it "
+                    "(nothing is cast silently)."
+                )
+        return leaves
+
+    def _first_step(self, step: PyTree, leaves: list[np.ndarray], treedef: Any) -> None:
+        """Checks the first step against the buffer (its errors name the leaf),
+        then allocates the stage."""
+        for index, leaf in enumerate(leaves):
+            if jax.dtypes.canonicalize_dtype(leaf.dtype) != leaf.dtype:
+                raise TypeError(
+                    f"step{_leaf_name(step, index)}: got {leaf.dtype}, which JAX would cast "
+                    f"to {jax.dtypes.canonicalize_dtype(leaf.dtype)} (jax_enable_x64 is off); "
+                    "give the example's dtype (nothing is cast silently)."
+                )
+        specs = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
+        jax.eval_shape(self._calls.one, self._state, jax.tree.unflatten(treedef, specs))
+        self._treedef, self._specs = treedef, specs
+        self._stage = _allocate(specs, self.steps_per_call)
+
+    def _take_stage(self) -> PyTree:
+        """The full stage as `[k, *step]` steps; a fresh stage takes its place (the
+        call may still read the old one: JAX can alias host memory on CPU)."""
+        full = jax.tree.unflatten(self._treedef, self._stage)
+        self._stage = _allocate(self._specs, self.steps_per_call)
+        self._staged = 0
+        return full
+
+    def _call(self, stage: PyTree | None, *, draw: bool) -> Sample | None:
+        priorities = None
+        if self._priorities:
+            priorities = tuple(np.concatenate(x) for x in zip(*self._priorities, strict=True))
+        run = self._calls.draw if draw else self._calls.write
+        self._state, self._key, block = run(
+            self._state, self._key, stage, priorities, self.sample_options
+        )
+        self._priorities = []
+        return None if block is None else _convert(block, self._output)
+
+
+class _Calls:
+    """A loop's jitted, donated calls (compiled once per loop and step structure)."""
+
+    def __init__(self, blocks: Blocks):
+        self.one = jax.jit(single_add(blocks.buffer), donate_argnums=0)
+        self.write = jax.jit(functools.partial(_run, blocks, draw=False), donate_argnums=0)
+        self.draw = jax.jit(functools.partial(_run, blocks, draw=True), donate_argnums=0)
+
+
+def _run(blocks: Blocks, state, key, steps, priorities, options, *, draw: bool):
+    """One call: staged priorities, then the staged steps, then (with `draw`) a block."""
+    if priorities is not None:
+        assert blocks.set_priorities is not None
+        state = blocks.set_priorities(state, *priorities)
+    if steps is not None:
+        state = blocks.write(state, steps)
+    if not draw:
+        return state, key, None
+    assert blocks.draw is not None
+    key, now = jax.random.split(key)
+    state, block = blocks.draw(state, now, **options)
+    return state, key, block
+
+
+def _leaf_name(step: PyTree, index: int) -> str:
+    return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(step)[0][index][0])
+
+
+def _allocate(specs: list[jax.ShapeDtypeStruct], k: int) -> list[np.ndarray]:
+    return [np.empty((k, *spec.shape), spec.dtype) for spec in specs]
+
+
+def _check_key(key: Any) -> jax.Array:
+    if not isinstance(key, jax.Array) or not (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        or (key.dtype == np.uint32 and key.shape == (2,))
+    ):
+        raise TypeError(
+            "key must be a PRNG key (jax.random.key(seed) or jax.random.PRNGKey(seed)), got "
+            f"{getattr(key, 'dtype', type(key).__name__)}{list(getattr(key, 'shape', []))}."
+        )
+    return key
+
+
+def _convert(block: Sample, output: str) -> Sample:
+    if output == "numpy":
+        return jax.tree.map(np.asarray, block)
+    if output == "torch":
+        return _export.to_torch(block)
+    return block
