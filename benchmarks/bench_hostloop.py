@@ -279,7 +279,7 @@ def plot(rows: list[dict], out: str) -> None:
     axis.set_ylim(0, 1)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    path = f"{out}/hostloop_{jax.default_backend()}.png"
+    path = f"{out}/plots/hostloop_{jax.default_backend()}.png"
     figure.savefig(path, dpi=110)
     print(f"wrote {path}")
 
