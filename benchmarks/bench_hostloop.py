@@ -18,9 +18,9 @@ Buffers, all fed the same recorded steps:
   staged steps and draws K batches; the learner takes batch j of the block.
 Batches reach the learner as NumPy arrays (TorchRL's as tensors). The
 environment's own step is timed apart; "share" is the buffer's part of an
-environment-plus-buffer step. Variants take turns in every timed round over the
-recorded steps; the table gives the median and fastest round, in microseconds
-per environment step.
+environment-plus-buffer step (`report.py` plots it against k). Variants take
+turns in every timed round over the recorded steps; the table gives the median
+and fastest round, in microseconds per environment step.
 
 Run: `python benchmarks/bench_hostloop.py [--quick] [--out benchmarks/results]`.
 """
@@ -260,30 +260,6 @@ def rows_of(env_name: str, times: dict[str, list[float]], env_seconds: float) ->
     return rows
 
 
-def plot(rows: list[dict], out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 3.6))
-    for env_name in dict.fromkeys(row["env"] for row in rows):
-        mine = {r["buffer"]: r for r in rows if r["env"] == env_name}
-        axis.plot(BLOCKS, [mine[f"jaxbuf k={k}"]["share"] for k in BLOCKS], "o-",
-                  label=f"jaxbuf, {env_name}")  # fmt: skip
-        axis.axhline(mine["NumPy ring"]["share"], ls="--", lw=1, color=axis.lines[-1].get_color(),
-                     label=f"NumPy ring, {env_name}")  # fmt: skip
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("steps per call k")
-    axis.set_ylabel("buffer's share of env + buffer")
-    axis.set_ylim(0, 1)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    path = f"{out}/plots/hostloop_{jax.default_backend()}.png"
-    figure.savefig(path, dpi=110)
-    print(f"wrote {path}")
-
-
 def main() -> None:
     args = command_line(__doc__)
     steps, repeats = (400, 3) if args.quick else (2000, 5)
@@ -297,7 +273,6 @@ def main() -> None:
                ("/ NumPy ring", "ratio", "{:.2f}"), ("env µs/step", "env_us", "{:.1f}"),
                ("buffer's share", "share", "{:.2f}")]  # fmt: skip
     write_results(args.out, "hostloop", rows, columns, __doc__)
-    plot(rows, args.out)
     for row in rows:
         print(f"{row['env']:12s} {row['buffer']:16s} {row['median_us']:8.1f} us/step "
               f"(fastest {row['fastest_us']:.1f})  {row['ratio']:.2f} of NumPy ring, "

@@ -12,8 +12,9 @@ import json
 import pathlib
 
 ORDER = (
-    "agents", "sweep", "donation", "replay", "trajectory", "transition", "prioritized", "gae",
-    "sharding", "dataset", "checkpoint", "frames", "options", "her", "learning",
+    "agents", "hostloop", "sweep", "donation", "replay", "trajectory", "transition",
+    "prioritized", "gae", "sharding", "dataset", "checkpoint", "frames", "options", "her",
+    "learning",
 )  # fmt: skip
 SECTIONS = {
     "cpu": "On a CPU",
@@ -124,6 +125,25 @@ def plot_gae(rows: list[dict], path: pathlib.Path) -> None:
     figure.savefig(path, dpi=90)
 
 
+def plot_hostloop(rows: list[dict], path: pathlib.Path) -> None:
+    """The buffer's share of an environment-plus-buffer step against the steps per call."""
+    figure, (ax,) = _axes(1, 5.0)
+    for env in dict.fromkeys(row["env"] for row in rows):
+        mine = {r["buffer"]: r for r in rows if r["env"] == env}
+        blocks = sorted(int(b.split("=")[1]) for b in mine if b.startswith("jaxbuf k="))
+        line = ax.plot(blocks, [mine[f"jaxbuf k={k}"]["share"] for k in blocks], "o-",
+                       label=f"jaxbuf HostLoop, {env}")[0]  # fmt: skip
+        ax.axhline(mine["NumPy ring"]["share"], ls="--", lw=1, color=line.get_color(),
+                   label=f"NumPy ring, {env}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("steps per call k")
+    ax.set_ylabel("buffer's share of env + buffer")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
 def plots(results: dict, folder: pathlib.Path) -> dict[str, list[str]]:
     """Draws what the results allow; returns result name -> plot paths (relative)."""
     drawn: dict[str, list[str]] = {}
@@ -137,6 +157,8 @@ def plots(results: dict, folder: pathlib.Path) -> dict[str, list[str]]:
             made.append((f"memory_{backend}.png", plot_memory, ()))
         elif name == "donation":
             made.append((f"donation_{backend}.png", plot_donation, ()))
+        elif name == "hostloop":
+            made.append((f"hostloop_{backend}.png", plot_hostloop, ()))
         elif name == "gae" and rows and "T" in rows[0]:
             made.append((f"gae_{backend}.png", plot_gae, ()))
         for file, draw, args in made:

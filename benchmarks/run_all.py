@@ -24,6 +24,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = (
+    "bench_hostloop",  # a Gymnasium loop feeding HostLoop against a NumPy ring, cpprb, TorchRL
     "bench_sweep",  # add and sample of every kind against capacity and batch; memory; donation
     "bench_replay",
     "bench_trajectory",
@@ -45,7 +46,7 @@ SETS = {
     "all": SCRIPTS,
     "accelerator": (
         "bench_replay", "bench_trajectory", "bench_transition", "bench_prioritized",
-        "bench_gae", "bench_options", "bench_agents",
+        "bench_gae", "bench_options", "bench_agents", "bench_hostloop",
     ),
 }  # fmt: skip
 

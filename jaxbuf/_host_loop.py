@@ -149,14 +149,17 @@ class HostLoop:
         self._staged += 1
         if self._staged < self.steps_per_call:
             return None
-        return self._call(self._take_stage(), draw=self.blocks.draw is not None)
+        return self._write_stage(draw=self.blocks.draw is not None)
 
     def draw(self) -> Sample:
         """Writes what is staged, then draws a block now (one call when nothing is
         staged): for more batches per step than `batches_per_call`, or batches
         before the first block."""
         if self.blocks.draw is None:
-            raise TypeError("this buffer is not sampled (a rollout buffer): nothing to draw.")
+            raise TypeError(
+                "this loop draws no batches (a rollout buffer, which finish and minibatches "
+                "read, or batches_per_call=0): nothing to draw."
+            )
         self.flush()
         block = self._call(None, draw=True)
         assert block is not None
@@ -183,7 +186,7 @@ class HostLoop:
         """Writes the staged steps (and priorities) now: one call for a full
         stage, one per step for a partial one (at a save or the end of a run)."""
         if self._staged == self.steps_per_call:
-            self._call(self._take_stage(), draw=False)
+            self._write_stage(draw=False)
             return
         if self._priorities:
             self._call(None, draw=False)
@@ -232,13 +235,14 @@ class HostLoop:
         self._treedef, self._specs = treedef, specs
         self._stage = _allocate(specs, self.steps_per_call)
 
-    def _take_stage(self) -> PyTree:
-        """The full stage as `[k, *step]` steps; a fresh stage takes its place (the
-        call may still read the old one: JAX can alias host memory on CPU)."""
-        full = jax.tree.unflatten(self._treedef, self._stage)
+    def _write_stage(self, *, draw: bool) -> Sample | None:
+        """One call with the full stage (`[k, *step]` steps); once it is made, a fresh
+        stage takes the old one's place (the call may still read the old one: JAX
+        can alias host memory on CPU), and until then nothing staged is dropped."""
+        block = self._call(jax.tree.unflatten(self._treedef, self._stage), draw=draw)
         self._stage = _allocate(self._specs, self.steps_per_call)
         self._staged = 0
-        return full
+        return block
 
     def _call(self, stage: PyTree | None, *, draw: bool) -> Sample | None:
         priorities = None

@@ -43,3 +43,29 @@ def test_offline_agent_records_a_dataset_and_trains_on_every_transition(tmp_path
         score = offline_cql.main(0, True, str(tmp_path), config=config)
     assert np.isfinite(score)
     assert len(jaxbuf.read_dataset(tmp_path / "dqn")["reward"]) == 20_000
+
+
+def test_the_torch_dqn_learns_from_host_loop_blocks_like_from_the_numpy_buffer():
+    pytest.importorskip("torch")
+    pytest.importorskip("gymnasium")
+    from jaxbuf.examples import dqn_torch
+
+    sizes = {}
+    for kind in ("numpy", "jaxbuf"):
+        buffer = (dqn_torch.NumpyBuffer(0) if kind == "numpy"
+                  else dqn_torch.JaxbufBuffer(0, steps_per_call=4))  # fmt: skip
+        rng = np.random.default_rng(0)
+        for _ in range(8):
+            obs = rng.normal(size=(dqn_torch.ENVS, 4)).astype(np.float32)
+            action, done = rng.integers(0, 2, dqn_torch.ENVS), rng.random(dqn_torch.ENVS) < 0.2
+            if kind == "numpy":
+                buffer.add(obs, action, np.ones(8), done, obs)
+            else:
+                buffer.add(obs, action, np.ones(8), done, np.zeros(8, bool), obs)
+        batch = buffer.sample()
+        sizes[kind] = [tuple(x.shape) for x in batch]
+        # the same targets' pieces: discount 0 after a termination, gamma otherwise
+        assert set(np.unique(batch[3].numpy())) <= {0.0, np.float32(dqn_torch.GAMMA)}
+    assert sizes["numpy"] == sizes["jaxbuf"]
+    parameters, _ = dqn_torch.train("jaxbuf", 0, steps=600, steps_per_call=8)
+    assert parameters and all(np.isfinite(v.numpy()).all() for v in parameters.values())

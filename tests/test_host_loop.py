@@ -213,7 +213,7 @@ def test_host_loop_outputs_torch_and_feeds_a_rollout():
     for step in steps:
         single = rollout.add(single, step)
     chex.assert_trees_all_equal(loop.state, single)
-    with pytest.raises(TypeError, match="not sampled"):
+    with pytest.raises(TypeError, match="draws no batches"):
         loop.draw()
 
 

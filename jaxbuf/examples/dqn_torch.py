@@ -151,7 +151,7 @@ def train(kind: str, seed: int, steps: int, steps_per_call: int = 32) -> tuple[d
             updates += 1
             if updates % TARGET_EVERY == 0:
                 target.load_state_dict(q.state_dict())
-        if (t + 1) % CHECK_EVERY == 0:
+        if (t + 1) % CHECK_EVERY == 0 or t + 1 == steps:
             check = time.perf_counter()
             score = evaluate(q, seed + t, episodes=8)
             if score >= best[0]:
