@@ -194,9 +194,11 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
         _sampling.take_columns(x, last) for x in (terminated, truncated, times)
     )
     powers = jnp.asarray(np.power(discount, np.arange(n + 1)), reward.dtype)
-    slot = _storage.read(side.slot_of, envs, last_time)
-    final = _storage.read(side.experience, envs, slot.astype(jnp.int32))
     ended = end_terminated | end_truncated
+    slot = _storage.read(side.slot_of, envs, last_time).astype(jnp.int32)
+    # Rows that did not end read one fixed final observation (discarded below), which
+    # stays in cache: for large observations the read costs only the rows that ended.
+    final = _storage.read(side.experience, jnp.where(ended, envs, 0), jnp.where(ended, slot, 0))
     following = (starts + n) % capacity
     if k > 1:
         obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k)

@@ -1,0 +1,62 @@
+"""Ring storage writes: the CPU path for wide rows (two slice updates) against NumPy, and the
+same states as the scatter of the accelerator path."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuf
+from jaxbuf import _storage
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 7, 10])
+def test_wide_rows_are_written_as_slices_exactly_as_a_ring(capacity):
+    rng = np.random.default_rng(capacity)
+    for batch in range(1, capacity + 1):
+        write = jax.jit(_storage._write_slices)
+        for position in range(capacity):
+            for where in (None, True, False):
+                column = rng.integers(0, 255, (capacity, 600), dtype=np.uint8)
+                values = rng.integers(0, 255, (batch, 600), dtype=np.uint8)
+                gate = None if where is None else jnp.bool_(where)
+                got = write(column, values, jnp.int32(position), gate)
+                expected = column.copy()
+                if where is not False:
+                    expected[(position + np.arange(batch)) % capacity] = values
+                np.testing.assert_array_equal(got, expected, err_msg=f"{batch=} {position=}")
+
+
+def filled_frames_buffer():
+    """A transition buffer of 84x84 frames (rows of 7056 bytes) after adds of many lengths
+    with wrap-arounds and episode ends, checked against the frames given."""
+    frame = jnp.zeros((84, 84), jnp.uint8)
+    example = jaxbuf.Transition(frame, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                                jnp.bool_(False), frame)  # fmt: skip
+    buffer = jaxbuf.make_transition_buffer(2, 5, 4)
+    add = jax.jit(lambda state, steps: buffer.add(state, steps))  # traced anew per call
+    rng = np.random.default_rng(0)
+    state = buffer.init(example)
+    frames = np.zeros((2, 0, 84, 84), np.uint8)
+    for length in [1, 3, 5, 2, 4, 1, 5, 3]:
+        pixels = rng.integers(0, 255, (2, length, 84, 84), dtype=np.uint8)
+        done = rng.random((2, length)) < 0.3
+        steps = jaxbuf.Transition(pixels, np.zeros((2, length), np.int32),
+                                  np.ones((2, length), np.float32), done,
+                                  np.zeros((2, length), bool), pixels[:, ::-1])  # fmt: skip
+        state = add(state, steps)
+        frames = np.concatenate([frames, pixels], axis=1)[:, -5:]
+        newest = (int(state.position) - frames.shape[1] + np.arange(frames.shape[1])) % 5
+        np.testing.assert_array_equal(np.asarray(state.experience["obs"])[:, newest], frames)
+    return state
+
+
+def test_wide_rows_give_the_same_states_as_the_accelerator_path(monkeypatch):
+    cpu = filled_frames_buffer()
+
+    def default_branch(*args, default, **branches):
+        return default(*args)
+
+    monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
+    chex.assert_trees_all_equal(filled_frames_buffer(), cpu)
