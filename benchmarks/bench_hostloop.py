@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode
 import jaxbuf
 
 ENVS, BATCH = 8, 256
-BLOCKS = (1, 8, 32, 128)
+BLOCKS = (1, 2, 4, 8, 32, 128)
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
 
 
