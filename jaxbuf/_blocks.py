@@ -34,6 +34,7 @@ from jaxbuf import _validation
 from jaxbuf._buffers import Layout
 from jaxbuf._queue import Queue
 from jaxbuf._rollout import RolloutBuffer
+from jaxbuf._samplers import check_priority_pairs
 from jaxbuf._types import Buffer, BufferLike, Config, PyTree, Sample, _Record
 
 
@@ -212,11 +213,7 @@ def _priority_setter(buffer: Any) -> Callable:
         """Sets the priorities of a block's `indices` (same shape as `priorities`,
         `[k, B]` say), in row-major order, the last occurrence of a slot winning."""
         indices, priorities = jnp.asarray(indices), jnp.asarray(priorities)
-        if indices.shape != priorities.shape:
-            raise ValueError(
-                f"indices and priorities must have one shape, got {list(indices.shape)} "
-                f"and {list(priorities.shape)}."
-            )
+        check_priority_pairs(indices, priorities)
         return buffer.set_priorities(state, indices.ravel(), priorities.ravel())
 
     return set_priorities

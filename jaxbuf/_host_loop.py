@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxbuf import _export
 from jaxbuf._blocks import Blocks, blocks, single_add
+from jaxbuf._samplers import check_priority_pairs
 from jaxbuf._types import BufferLike, PyTree, Sample
 
 OUTPUTS = ("numpy", "torch", "jax")
@@ -171,15 +172,7 @@ class HostLoop:
         if self.blocks.set_priorities is None:
             raise TypeError("set_priorities needs a buffer made with sampler=jaxbuf.prioritized().")
         indices, priorities = np.asarray(indices), np.asarray(priorities)
-        if indices.shape != priorities.shape:
-            raise ValueError(
-                f"indices and priorities must have one shape, got {list(indices.shape)} "
-                f"and {list(priorities.shape)}."
-            )
-        if not np.issubdtype(indices.dtype, np.integer):
-            raise TypeError(f"indices must be integers, got dtype {indices.dtype}.")
-        if not np.issubdtype(priorities.dtype, np.floating):
-            raise TypeError(f"priorities must be floating point, got dtype {priorities.dtype}.")
+        check_priority_pairs(indices, priorities)
         self._priorities.append((indices.astype(np.int32).ravel(), priorities.ravel().copy()))
 
     def flush(self) -> None:
@@ -190,10 +183,19 @@ class HostLoop:
             return
         if self._priorities:
             self._call(None, draw=False)
-        partial, self._staged = self._staged, 0
-        for j in range(partial):
-            step = jax.tree.unflatten(self._treedef, [leaf[j] for leaf in self._stage])
-            self._state = self._calls.one(self._state, step)
+        if self._staged == 0:
+            return
+        written = 0
+        try:
+            for j in range(self._staged):
+                step = jax.tree.unflatten(self._treedef, [leaf[j] for leaf in self._stage])
+                self._state = self._calls.one(self._state, step)
+                written += 1
+        finally:  # a fresh stage (the calls may still read the old one), holding what is left
+            fresh = _allocate(self._specs, self.steps_per_call)
+            for new, old in zip(fresh, self._stage, strict=True):
+                new[: self._staged - written] = old[written : self._staged]
+            self._stage, self._staged = fresh, self._staged - written
 
     def __enter__(self) -> HostLoop:
         return self

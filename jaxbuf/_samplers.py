@@ -237,16 +237,21 @@ def _check_update(indices: Any, priorities: Any) -> tuple[jax.Array, jax.Array]:
                 f"{name} must be a 1-D array [B], got "
                 f"{getattr(value, 'shape', type(value).__name__)}."
             )
+    check_priority_pairs(indices, priorities, "[B]")
+    return jnp.asarray(indices).astype(jnp.int32), jnp.asarray(priorities).astype(jnp.float32)
+
+
+def check_priority_pairs(indices: Any, priorities: Any, shape: str = "") -> None:
+    """Raises unless `indices` (integers) and `priorities` (floats) share one shape."""
     if np.shape(indices) != np.shape(priorities):
         raise ValueError(
-            f"indices and priorities must have one shape [B], got {np.shape(indices)} "
-            f"and {np.shape(priorities)}."
+            f"indices and priorities must have one shape{' ' + shape if shape else ''}, got "
+            f"{np.shape(indices)} and {np.shape(priorities)}."
         )
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"indices must be integers, got dtype {indices.dtype}.")
     if not jnp.issubdtype(priorities.dtype, jnp.floating):
         raise TypeError(f"priorities must be floating point, got dtype {priorities.dtype}.")
-    return jnp.asarray(indices).astype(jnp.int32), jnp.asarray(priorities).astype(jnp.float32)
 
 
 # Positive priorities are clamped into this range: the tree total stays finite

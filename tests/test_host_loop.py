@@ -294,3 +294,15 @@ def test_block_configuration_errors(make, error, match):
     buffer = jaxbuf.make_transition_buffer(N, 16, 4)
     with pytest.raises(error, match=match):
         make(buffer, buffer.init(TRANSITION))
+
+
+def test_partial_flushes_keep_every_step_in_order():
+    buffer = jaxbuf.make_transition_buffer(N, 16, 4)
+    loop = jaxbuf.HostLoop(buffer, buffer.init(TRANSITION), jax.random.key(0), steps_per_call=4)
+    add, single = jax.jit(buffer.add_step), buffer.init(TRANSITION)
+    for count in (2, 3, 1, 5, 6):  # flushes of 2, 3, 1, then 4 + 1, 4 + 2 staged steps
+        for step in transition_steps(np.random.default_rng(count), count):
+            loop.add(step)
+            single = add(single, step)
+        chex.assert_trees_all_equal(loop.state, single)
+        assert loop.staged == 0
