@@ -172,11 +172,19 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip
-    sample = vectorized.sample
+    sample, next_batch = vectorized.sample, vectorized.next_batch
 
     @functools.wraps(sample)
     def sample_with_source(state, key, **options):
         batch = sample(state, key, **options)
         return batch.replace(source=batch.indices // num_slots)
 
-    return vectorized.replace(sample=sample_with_source)
+    if next_batch is None:
+        return vectorized.replace(sample=sample_with_source)
+
+    @functools.wraps(next_batch)
+    def next_batch_with_source(state, key):
+        state, batch = next_batch(state, key)
+        return state, batch.replace(source=batch.indices // num_slots)
+
+    return vectorized.replace(sample=sample_with_source, next_batch=next_batch_with_source)

@@ -134,3 +134,30 @@ def test_epochs_work_in_a_sharded_buffer():
         state, batch = next_batch(state, jax.random.key(call))
         seen += np.asarray(batch.experience)[np.asarray(batch.valid)].tolist()
     assert sorted(seen) == list(range(6)) and state.sampler.epoch.tolist() == [1]
+
+
+def _fields_set(batch) -> set[str]:
+    return {name for name in batch.__dataclass_fields__ if getattr(batch, name) is not None}
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_sample_and_next_batch_return_records_with_the_same_fields(vectorized):
+    step = {"obs": jnp.zeros(2), "done": jnp.bool_(False)}
+    transition = jaxbuf.Transition(jnp.zeros(2), jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                                   jnp.bool_(False), jnp.zeros(2))  # fmt: skip
+    done = lambda s: s["done"]  # noqa: E731
+    sampler = jaxbuf.epochs()
+    buffers = [
+        (jaxbuf.make_replay_buffer(8, 2, sampler=sampler), step),
+        (jaxbuf.make_trajectory_buffer(2, 8, 2, 3, done_fn=done, sampler=sampler), step),
+        (jaxbuf.make_transition_buffer(2, 8, 2, n_step=2, sampler=sampler), transition),
+        (jaxbuf.make_episode_buffer(2, 8, 2, 4, done_fn=done, sampler=sampler), step),
+    ]
+    for buffer, example in buffers:
+        buffer = jaxbuf.vectorize(buffer, 2) if vectorized else buffer
+        state = jax.eval_shape(buffer.init, example)
+        key = jax.random.key(0)
+        drawn = jax.eval_shape(buffer.sample, state, key)
+        _, following = jax.eval_shape(buffer.next_batch, state, key)
+        assert _fields_set(drawn) == _fields_set(following), buffer.config.kind
+        assert ("source" in _fields_set(drawn)) == vectorized
