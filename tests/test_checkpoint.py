@@ -308,15 +308,14 @@ def test_states_work_with_orbax_standard_checkpointing(tmp_path, index):
     checkpointer.close()
 
 
-def test_format_1_folders_still_restore(tmp_path):
-    """A folder as jaxbuf 0.1 wrote it: flax msgpack data and version-1 metadata."""
-    buffer, state, template = states()[0]
+def format_1_folder(folder, buffer, state, data=None):
+    """A folder as jaxbuf 0.1 wrote it: flax msgpack data and version-1 metadata (whose
+    SHA-256 is that of the state's bytes, whatever `data` is written)."""
     host = jax.device_get(state)
-    data = serialization.to_bytes(host)
-    digest = hashlib.sha256(data).hexdigest()
-    folder = tmp_path / "v1"
+    saved = serialization.to_bytes(host)
+    digest = hashlib.sha256(saved).hexdigest()
     folder.mkdir()
-    (folder / f"state-{digest[:16]}.msgpack").write_bytes(data)
+    (folder / f"state-{digest[:16]}.msgpack").write_bytes(saved if data is None else data)
     metadata = {
         "format": "jaxbuf-checkpoint", "format_version": 1, "jaxbuf_version": "0.1.0",
         "kind": "replay", "config": _checkpoint._plain(buffer.config), "state_type": "RingState",
@@ -324,7 +323,27 @@ def test_format_1_folders_still_restore(tmp_path):
         "data_file": f"state-{digest[:16]}.msgpack", "sha256": digest,
     }  # fmt: skip
     (folder / "metadata.json").write_text(json.dumps(metadata))
-    chex.assert_trees_all_equal(jaxbuf.restore(folder, template, buffer), state)
+    return saved
+
+
+def test_format_1_folders_still_restore(tmp_path):
+    buffer, state, template = states()[0]
+    format_1_folder(tmp_path / "v1", buffer, state)
+    chex.assert_trees_all_equal(jaxbuf.restore(tmp_path / "v1", template, buffer), state)
+
+
+def test_a_format_1_folder_whose_data_changed_is_refused(tmp_path):
+    """Its data still parses (one stored value changed), but the checksum says no."""
+    buffer, state, template = states()[0]
+    saved = serialization.to_bytes(jax.device_get(state))
+    largest = max(jax.tree.leaves(jax.device_get(state)), key=lambda x: x.nbytes)
+    at = saved.index(np.asarray(largest).tobytes())  # that leaf's raw bytes in the msgpack
+    changed = bytearray(saved)
+    changed[at + largest.nbytes // 2] ^= 1
+    format_1_folder(tmp_path / "v1", buffer, state, bytes(changed))
+    assert serialization.msgpack_restore(bytes(changed)) is not None  # still valid msgpack
+    with pytest.raises(ValueError, match="is corrupted or truncated: its SHA-256"):
+        jaxbuf.restore(tmp_path / "v1", template, buffer)
 
 
 def test_restore_with_the_buffer_names_every_differing_field(tmp_path):

@@ -228,3 +228,25 @@ def test_two_leaves_that_would_share_a_column_raise():
 def test_odd_configuration_keys_and_kinds_are_named(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         jaxbuf.buffer_from_config(config)
+
+
+def test_label_named_keys_are_escaped_at_every_depth(tmp_path):
+    """A nested key named like a label column (`{"time": {"x": ...}}`) keeps its own column
+    beside the per-environment `time` label, and comes back under its own key."""
+    buffer = jaxbuf.make_trajectory_buffer(2, 4, 2, 2)
+    example = {"time": {"x": jnp.int32(0)}, "env": jnp.float32(0)}
+    steps = {"time": {"x": jnp.arange(6, dtype=jnp.int32).reshape(2, 3) + 10},
+             "env": -jnp.ones((2, 3))}  # fmt: skip
+    state = buffer.add(buffer.init(example), steps)
+    columns = jaxbuf.read_export(jaxbuf.export(tmp_path / "steps.npz", state))
+    assert sorted(columns) == ["%65nv", "%74ime/x", "env", "time"]
+    assert columns["time"].tolist() == [0, 1, 2] * 2
+    assert columns["env"].tolist() == [0] * 3 + [1] * 3
+    assert columns["%74ime/x"].tolist() == [10, 11, 12, 13, 14, 15]
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer.append(state)
+    writer.flush()
+    data = jaxbuf.read_dataset(tmp_path / "data")  # user keys named like labels stay escaped
+    assert sorted(data) == ["%65nv", "%74ime", "env", "time"]
+    assert sorted(data["%74ime"]["x"].tolist()) == list(range(10, 16))
+    assert sorted(data["time"].tolist()) == [0, 0, 1, 1, 2, 2]
