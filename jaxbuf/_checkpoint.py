@@ -51,11 +51,61 @@ METADATA = "metadata.json"
 CHUNK_BYTES = 32 * 2**20  # host memory a save or restore holds beyond the state
 
 
+# Python scalars a training state holds (a step count, a learning rate): saved as 64-bit
+# values, restored as the same Python type.
+PYTHON_SCALARS = {bool: np.bool_, int: np.int64, float: np.float64}
+
+
+def _encode(path: tuple, leaf: Any) -> tuple[Any, dict]:
+    """A leaf as the array its bytes are written from, and what else restores it:
+    `{"python": "int"}` for a Python scalar, `{"key_impl": name}` for typed PRNG
+    keys (stored as their key data). Raises, naming the leaf, for anything else
+    than arrays, keys and Python `bool`/`int`/`float`."""
+    name = f"state{jax.tree_util.keystr(path)}"
+    if type(leaf) in PYTHON_SCALARS:
+        if type(leaf) is int and not -(2**63) <= leaf < 2**63:
+            raise ValueError(f"{name}: the int {leaf} does not fit in 64 bits.")
+        return np.asarray(leaf, PYTHON_SCALARS[type(leaf)]), {"python": type(leaf).__name__}
+    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        raise TypeError(
+            f"{name} is a {type(leaf).__name__}; a checkpoint holds arrays, typed PRNG keys, "
+            "Python bool/int/float and None (in dicts, lists, tuples, NamedTuples and "
+            "flax.struct dataclasses). Nothing was written."
+        )
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if isinstance(leaf, jax.ShapeDtypeStruct):  # a template's (`jax.eval_shape`)
+            impl: list[str] = []
+            data = jax.eval_shape(lambda k: (impl.append(str(jax.random.key_impl(k))),
+                                             jax.random.key_data(k))[1], leaf)  # fmt: skip
+            return data, {"key_impl": impl[0]}
+        keys: Any = leaf
+        return jax.random.key_data(keys), {"key_impl": str(jax.random.key_impl(keys))}
+    if np.dtype(leaf.dtype).kind not in "biufcV":  # numbers and ml_dtypes (bfloat16 is "V")
+        raise TypeError(f"{name} has dtype {leaf.dtype}, which a checkpoint does not hold.")
+    return leaf, {}
+
+
+def _encoded(state: Any) -> list[tuple[tuple, Any, dict]]:
+    """`(path, array, extra)` of every leaf (see `_encode`); raises before any write."""
+    return [(path, *_encode(path, leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]  # fmt: skip
+
+
 def _leaves(state: Any) -> dict[str, dict]:
-    return {
-        jax.tree_util.keystr(path): {"shape": list(np.shape(leaf)), "dtype": str(leaf.dtype)}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
-    }
+    described = {}
+    for path, array, extra in _encoded(state):
+        entry = {"shape": list(array.shape), "dtype": str(array.dtype), **extra}
+        described[jax.tree_util.keystr(path)] = entry
+    return described
+
+
+def _decode(entry: dict, array: Any) -> Any:
+    """A leaf back from its stored array (see `_encode`)."""
+    if "python" in entry:
+        return {"bool": bool, "int": int, "float": float}[entry["python"]](array.item())
+    if "key_impl" in entry:
+        return jax.random.wrap_key_data(jnp.asarray(array), impl=entry["key_impl"])
+    return jnp.asarray(array)
 
 
 def _plain(value: Any) -> Any:
@@ -133,11 +183,12 @@ def _chunks(leaf: Any) -> Iterator[np.ndarray]:
 
 
 def _write_data(file: Any, leaves: list, hasher: Any) -> dict[str, dict]:
-    """Streams the leaves into `file`, hashing while writing (two threads: both
-    release the GIL); returns each leaf's shape, dtype, offset and size."""
+    """Streams the encoded leaves (`_encoded`) into `file`, hashing while writing (two
+    threads: both release the GIL); returns each leaf's shape, dtype, offset, size
+    and what else restores it."""
     placed, offset = {}, 0
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        for path, leaf in leaves:
+        for path, leaf, extra in leaves:
             for chunk in _chunks(leaf):
                 data = chunk.reshape(-1).view(np.uint8).data
                 hashing = pool.submit(hasher.update, data)
@@ -146,7 +197,7 @@ def _write_data(file: Any, leaves: list, hasher: Any) -> dict[str, dict]:
             nbytes = int(np.dtype(leaf.dtype).itemsize * np.prod(np.shape(leaf), dtype=np.int64))
             placed[jax.tree_util.keystr(path)] = {
                 "shape": list(np.shape(leaf)), "dtype": str(leaf.dtype), "offset": offset,
-                "nbytes": nbytes,
+                "nbytes": nbytes, **extra,
             }  # fmt: skip
             offset += nbytes
     return placed
@@ -163,7 +214,15 @@ def _check_addressable(state: Any) -> None:
 
 
 def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Path:
-    """Saves a buffer state (or any pytree holding one) to the folder `path`, atomically.
+    """Saves a buffer state, or a whole training state holding one, to the folder `path`,
+    atomically.
+
+    A state may hold arrays of every dtype, typed PRNG keys (`jax.random.key`,
+    saved as their key data and implementation), Python `bool`, `int` and
+    `float` scalars (restored as the same type), `None`, and any nesting of
+    dicts, lists, tuples, NamedTuples (optax states) and `flax.struct`
+    dataclasses. Anything else (a string, an object) is refused with a
+    `TypeError` naming the leaf before a byte is written.
 
     The leaves are streamed to disk in chunks of at most `CHUNK_BYTES`: the host
     memory a save needs beyond the state is about two chunks, whatever its size.
@@ -191,6 +250,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
       ([0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0], 3)
     """
     _check_addressable(state)
+    leaves = _encoded(state)  # refuses what cannot be saved before anything is written
     kind, config = _describe(buffer)
     folder = pathlib.Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,7 +259,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     try:
         hasher = hashlib.sha256()
         with _saving(folder), open(pending, "wb") as file:
-            leaves = _write_data(file, jax.tree_util.tree_flatten_with_path(state)[0], hasher)
+            placed = _write_data(file, leaves, hasher)
             file.flush()
             os.fsync(file.fileno())
         size = getattr(state, "size", None)
@@ -207,7 +267,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
             "format": FORMAT, "format_version": FORMAT_VERSION, "jaxbuf_version": __version__,
             "kind": kind, "config": config, "state_type": type(state).__name__,
             "size": None if size is None else np.asarray(size).tolist(),
-            "leaves": leaves, "data_file": data_file, "sha256": hasher.hexdigest(),
+            "leaves": placed, "data_file": data_file, "sha256": hasher.hexdigest(),
         }  # fmt: skip
         with _saving(folder):
             _commit(folder, pending, metadata)
@@ -317,13 +377,27 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
         )
     for key, want in wanted.items():
         got = saved[key] if isinstance(saved[key], dict) else {}
-        if {"shape": got.get("shape"), "dtype": got.get("dtype")} != want:
+        if any(got.get(field) != want.get(field) for field in ("python", "key_impl")):
+            raise ValueError(
+                f"{folder}: leaf {key} was saved as {_what(got)}, but the template holds "
+                f"{_what(want)}."
+            )
+        if {"shape": got.get("shape"), "dtype": got.get("dtype")} != {
+            "shape": want["shape"], "dtype": want["dtype"]}:  # fmt: skip
             raise ValueError(
                 f"{folder}: leaf {key} was saved with shape {tuple(got.get('shape') or ())} "
                 f"and dtype "
                 f"{got.get('dtype')}, but the template has shape {tuple(want['shape'])} and "
                 f"dtype {want['dtype']} (another configuration?)."
             )
+
+
+def _what(entry: dict) -> str:
+    if "python" in entry:
+        return f"a Python {entry['python']}"
+    if "key_impl" in entry:
+        return f"PRNG keys ({entry['key_impl']})"
+    return "an array"
 
 
 # Configuration fields that choose how results are computed, not what the state holds
@@ -371,11 +445,13 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
       path: the checkpoint folder.
       template: a state of the same configuration, whose structure, shapes and
         dtypes must match the saved ones: `buffer.init(example)`, or, allocating
-        nothing, `jax.eval_shape(buffer.init, example)`.
+        nothing, `jax.eval_shape(buffer.init, example)`. Where it holds a Python
+        scalar or typed PRNG keys, the saved leaf must be one of the same kind.
       buffer: the buffer the state is for (optional); see above.
 
     Returns:
-      The restored state, with JAX arrays.
+      The restored state, with JAX arrays, typed keys and Python scalars where
+      they were saved.
 
     Raises:
       ValueError: the checkpoint does not match the template or the buffer (the
@@ -447,7 +523,8 @@ def _read_leaves(file: Any, metadata: dict, template: Any, data_file: pathlib.Pa
             where = jax.tree_util.keystr(path)
             raise ValueError(f"{data_file.parent / METADATA} is corrupted: the place of leaf "
                              f"{where} in the data file is wrong.")  # fmt: skip
-        restored.append(_read_leaf(file, tuple(entry["shape"]), dtype, hasher, data_file))
+        array = _read_leaf(file, tuple(entry["shape"]), dtype, hasher, data_file)
+        restored.append(_decode(entry, array))
         offset += nbytes
     if file.read(1) or hasher.hexdigest() != metadata["sha256"]:
         raise ValueError(
@@ -469,12 +546,12 @@ def _put_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(array, rows, start, 0)
 
 
-def _read_leaf(file, shape: tuple, dtype, hasher, data_file: pathlib.Path) -> jax.Array:
+def _read_leaf(file, shape: tuple, dtype, hasher, data_file: pathlib.Path) -> Any:
     """One leaf, chunk by chunk, into an array of zeros (updated in place)."""
     row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    if not shape or row_bytes * shape[0] <= CHUNK_BYTES:
+    if not shape or row_bytes * shape[0] <= CHUNK_BYTES:  # a host array (`_decode` moves it)
         data = _read_exactly(file, row_bytes * (shape[0] if shape else 1), hasher, data_file)
-        return jnp.asarray(np.frombuffer(data, dtype).reshape(shape))
+        return np.frombuffer(data, dtype).reshape(shape)
     array = jnp.zeros(shape, dtype)
     rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
     for start in range(0, shape[0], rows):
