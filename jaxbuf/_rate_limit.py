@@ -95,10 +95,11 @@ def _limits(ratio: fractions.Fraction, min_size: int, error_buffer: Any) -> tupl
     checked as Reverb checks them."""
     samples_per_insert = float(ratio)
     if isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
-        low, high = (_exact(_validation.check_real(f"error_buffer[{i}]", v)) for i, v in
-                     enumerate(error_buffer))  # fmt: skip
+        low, high = (_finite(f"error_buffer[{i}]", v) for i, v in enumerate(error_buffer))
     else:
-        buffer = _exact(_validation.check_real("error_buffer", error_buffer))
+        buffer = _finite("error_buffer", error_buffer)
+        if buffer < 0:
+            raise ValueError(f"error_buffer must be at least 0, got {error_buffer}.")
         low, high = ratio * min_size - buffer, ratio * min_size + buffer
     if high - low < 2 * max(1.0, samples_per_insert):
         raise ValueError(
@@ -122,9 +123,15 @@ def _limits(ratio: fractions.Fraction, min_size: int, error_buffer: Any) -> tupl
     return low, high
 
 
-def _exact(value: float) -> Any:
-    """A finite float as an exact fraction; infinities as they are."""
-    return fractions.Fraction(value) if math.isfinite(value) else value
+def _finite(name: str, value: Any) -> fractions.Fraction:
+    """A finite real argument as an exact fraction, or a `ValueError` naming it."""
+    number = _validation.check_real(name, value)
+    if not math.isfinite(number):
+        raise ValueError(
+            f"{name} must be finite, got {value}; for a limit that never binds, give a large "
+            "finite one (Reverb's MinSize uses +-sys.float_info.max)."
+        )
+    return fractions.Fraction(number)
 
 
 # Counts per call are capped here, so that `count * p` and `count * q` fit int32.
@@ -188,8 +195,10 @@ def sample_to_insert_ratio(
       (False, True)
     """
     spi = _validation.check_real("samples_per_insert", samples_per_insert)
-    if not spi > 0:
-        raise ValueError(f"samples_per_insert must be positive, got {samples_per_insert}.")
+    if not 0 < spi < math.inf:
+        raise ValueError(
+            f"samples_per_insert must be positive and finite, got {samples_per_insert}."
+        )
     min_size = _validation.check_int("min_size_to_sample", min_size_to_sample)
     ratio = fractions.Fraction(spi).limit_denominator(1000)
     low, high = _limits(ratio, min_size, error_buffer)

@@ -34,8 +34,11 @@ class ReverbModel:
         return self.inserts * self.spi - self.samples - n >= self.low
 
 
+# The last three have limits between two credits (q * min_diff, q * max_diff not integers):
+# there the bounds must round toward the allowed side.
 CASES = [(1.0, 1, 2.0), (0.25, 4, 3.5), (4.0, 10, 8.0), (1.5, 3, (-2.0, 10.0)), (1 / 3, 5, 2.0),
-         (8.0, 2, 20.0), (0.1, 50, 2.0)]  # fmt: skip
+         (8.0, 2, 20.0), (0.1, 50, 2.0), (1.0, 1, 2.7), (0.5, 2, (-1.3, 2.6)),
+         (3.0, 1, 4.25)]  # fmt: skip
 
 
 @pytest.mark.parametrize("spi, min_size, error_buffer", CASES)
@@ -148,6 +151,11 @@ def test_counts_saturate_instead_of_wrapping():
     "args, error, message",
     [
         ((0.0, 1, 2.0), ValueError, "samples_per_insert must be positive"),
+        ((float("inf"), 1, 2.0), ValueError, "samples_per_insert must be positive and finite"),
+        ((-1.0, 1, 2.0), ValueError, "samples_per_insert must be positive and finite, got -1.0"),
+        ((1.0, 1, float("inf")), ValueError, "error_buffer must be finite, got inf"),
+        ((1.0, 1, (-float("inf"), 5.0)), ValueError, "error_buffer[0] must be finite, got -inf"),
+        ((1.0, 1, -3.0), ValueError, "error_buffer must be at least 0, got -3.0"),
         ((1.0, 0, 2.0), ValueError, "min_size_to_sample must be in [1,"),
         ((2.0, 1, 1.0), ValueError, "narrower than 2 * max(1, samples_per_insert) = 4.0"),
         ((1.0, 1, (5.0, 10.0)), ValueError, "error_buffer's range starts at 5.0, above"),
