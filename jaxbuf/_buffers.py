@@ -47,6 +47,8 @@ class Layout(NamedTuple):
     # The axis of `add`'s data along which consecutive calls' data follow each other
     # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
     steps_axis: int = 1
+    # Which buffer of a stacked set each drawn slot lies in (`vectorize`); None for one.
+    source: Callable[[jax.Array], jax.Array] | None = None
 
 
 def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
@@ -163,8 +165,9 @@ def _sample(layout: Layout, drawn: Drawn, state: Any, goal_key: jax.Array | None
         experience = layout.goals.apply(state, drawn.where, experience, goal_source)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
+    source = None if layout.source is None else layout.source(drawn.slots)
     return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights,
-                  goal_source=goal_source)  # fmt: skip
+                  source, goal_source)  # fmt: skip
 
 
 def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):

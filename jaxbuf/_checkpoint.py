@@ -382,8 +382,7 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
                 f"{folder}: leaf {key} was saved as {_what(got)}, but the template holds "
                 f"{_what(want)}."
             )
-        if {"shape": got.get("shape"), "dtype": got.get("dtype")} != {
-            "shape": want["shape"], "dtype": want["dtype"]}:  # fmt: skip
+        if (got.get("shape"), got.get("dtype")) != (want["shape"], want["dtype"]):
             raise ValueError(
                 f"{folder}: leaf {key} was saved with shape {tuple(got.get('shape') or ())} "
                 f"and dtype "

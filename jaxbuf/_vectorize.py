@@ -9,8 +9,6 @@ over everything stored in all buffers.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -101,6 +99,7 @@ def lift(layout: Layout, count: int) -> Layout:
         None if layout.one_step is None else one_step,
         None if layout.goals is None else _lift_goals(layout.goals),
         layout.steps_axis + 1,
+        lambda flat: flat // slots,
     )  # fmt: skip
 
 
@@ -168,23 +167,7 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         "num_buffers", num_buffers, maximum=_validation.MAX_INT32 // num_slots
     )
     config = {k: v for k, v in buffer.config.items() if k != "sampler"}
-    vectorized = _buffers.assemble(
+    return _buffers.assemble(
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip
-    sample, next_batch = vectorized.sample, vectorized.next_batch
-
-    @functools.wraps(sample)
-    def sample_with_source(state, key, **options):
-        batch = sample(state, key, **options)
-        return batch.replace(source=batch.indices // num_slots)
-
-    if next_batch is None:
-        return vectorized.replace(sample=sample_with_source)
-
-    @functools.wraps(next_batch)
-    def next_batch_with_source(state, key):
-        state, batch = next_batch(state, key)
-        return state, batch.replace(source=batch.indices // num_slots)
-
-    return vectorized.replace(sample=sample_with_source, next_batch=next_batch_with_source)
