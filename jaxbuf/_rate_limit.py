@@ -11,55 +11,72 @@ sampling was allowed. On a GPU a `lax.cond` sends its predicate to the host on
 every step; the masked form costs what the ungated step costs. From Python,
 call them between jitted steps.
 
-With `size` the items stored and `diff = inserts * samples_per_insert -
+With `size = inserts - deletes` and `diff = inserts * samples_per_insert -
 samples`, Reverb's rules are:
 
 - `can_sample(n)`: `size >= min_size_to_sample` and `diff - n >= min_diff`;
 - `can_insert(n)`: `size + n <= min_size_to_sample` (filling up is never
-  limited), or `diff + n * samples_per_insert <= max_diff`.
+  limited), or `(inserts + n) * samples_per_insert - samples <= max_diff`.
 
-To be exact in int32 (no float drift however long training runs),
-`samples_per_insert` is used as the fraction `p / q` nearest to it with
-`q <= 1000` (exact for 0.25, 1.5, 8, and for 0.1 or 1/3 as meant), and the
-state keeps `q * diff`, saturating far outside the limits. One call counts at
-most `MAX_COUNT` (about 2 million) items.
+Reverb keeps int64 counts and evaluates `diff` in C++ doubles. So does this
+limiter, on any device: each count is exact in 64 bits (two uint32 words,
+saturating at 2**63 - 1 where Reverb's would overflow), and `diff` is computed
+with the very roundings of IEEE double arithmetic (`_binary64`), so every
+decision is Reverb's, bit for bit, for any finite positive ratio: 0.0004 after
+100,000 inserts allows 41 samples, and counts past 2**32 stay exact. A check
+costs a few hundred fused scalar integer operations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fractions
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxbuf import _validation
+from jaxbuf import _binary64, _limbs, _validation
 from jaxbuf._types import Config, _Record
 
 
 class RateLimiterState(struct.PyTreeNode):
-    """A rate limiter's counts.
+    """A rate limiter's counts, as Reverb keeps them.
+
+    Each is an unsigned 64-bit count held as uint32[2] words `[low, high]`
+    (JAX computes in 32 bits by default), saturating at 2**63 - 1; `counts()`
+    reads them on the host.
 
     Attributes:
-      size: int32 scalar, the items stored (inserts minus deletes, saturating).
-      credit: int32 scalar, `q * (inserts * samples_per_insert - samples)` with
-        `samples_per_insert = p / q`, saturating at +-(2**31 - 1).
+      inserts: uint32[2], the items inserted.
+      samples: uint32[2], the items sampled (a batch of B counts B).
+      deletes: uint32[2], the items that left the buffer.
 
     Examples:
       >>> import jaxbuf
       >>> limiter = jaxbuf.sample_to_insert_ratio(0.5, min_size_to_sample=1, error_buffer=2.0)
       >>> state = limiter.sampled(limiter.inserted(limiter.init(), 4), 1)
-      >>> int(state.size), int(state.credit)  # q * (4 * 1/2 - 1) with q = 2
-      (4, 2)
+      >>> {name: int(count) for name, count in state.counts().items()}
+      {'inserts': 4, 'samples': 1, 'deletes': 0}
     """
 
-    size: jax.Array
-    credit: jax.Array
+    inserts: jax.Array
+    samples: jax.Array
+    deletes: jax.Array
+
+    def counts(self) -> dict[str, np.ndarray]:
+        """The counts as NumPy uint64 arrays (of the batch shape, if batched)."""
+
+        def value(words: Any) -> np.ndarray:
+            words = np.asarray(words, np.uint64)
+            return (words[..., 1] << np.uint64(32)) | words[..., 0]
+
+        return {"inserts": value(self.inserts), "samples": value(self.samples),
+                "deletes": value(self.deletes)}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,72 +107,129 @@ class RateLimiter(_Record):
     config: Config
 
 
-def _limits(ratio: fractions.Fraction, min_size: int, error_buffer: Any) -> tuple[Any, Any]:
-    """`(min_diff, max_diff)` of an `error_buffer` (exact fractions where finite),
-    checked as Reverb checks them."""
-    samples_per_insert = float(ratio)
+def _limits(samples_per_insert: float, min_size: int, error_buffer: Any) -> tuple[float, float]:
+    """`(min_diff, max_diff)` of an `error_buffer`, computed and checked in doubles
+    as Reverb's `SampleToInsertRatio` does."""
+    offset = samples_per_insert * min_size
     if isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
         low, high = (_finite(f"error_buffer[{i}]", v) for i, v in enumerate(error_buffer))
     else:
         buffer = _finite("error_buffer", error_buffer)
         if buffer < 0:
             raise ValueError(f"error_buffer must be at least 0, got {error_buffer}.")
-        low, high = ratio * min_size - buffer, ratio * min_size + buffer
+        low, high = offset - buffer, offset + buffer
+    if not math.isfinite(low) or not math.isfinite(high):
+        raise ValueError(
+            f"samples_per_insert * min_size_to_sample = {offset} with error_buffer = "
+            f"{error_buffer} gives the range [{low}, {high}], outside the doubles: make "
+            "samples_per_insert or min_size_to_sample smaller."
+        )
     if high - low < 2 * max(1.0, samples_per_insert):
         raise ValueError(
-            f"error_buffer gives the range [{float(low)}, {float(high)}], narrower than 2 * max(1, "
+            f"error_buffer gives the range [{low}, {high}], narrower than 2 * max(1, "
             f"samples_per_insert) = {2 * max(1.0, samples_per_insert)}: it could block both "
             "inserts and samples for good."
         )
-    if low > samples_per_insert * min_size:
+    if low > offset:
         raise ValueError(
-            f"error_buffer's range starts at {float(low)}, above samples_per_insert * "
-            f"min_size_to_sample = {samples_per_insert * min_size}: sampling would wait forever "
-            "once min_size_to_sample items are stored."
+            f"error_buffer's range starts at {low}, above samples_per_insert * "
+            f"min_size_to_sample = {offset}: sampling would wait forever once "
+            "min_size_to_sample items are stored."
         )
-    if high < samples_per_insert * min_size:
+    if high < offset:
         warnings.warn(
-            f"error_buffer's range ends at {float(high)}, below samples_per_insert * "
-            f"min_size_to_sample = {samples_per_insert * min_size}: a loop that inserts and "
-            "samples in turn stops inserting for good once min_size_to_sample items are stored.",
+            f"error_buffer's range ends at {high}, below samples_per_insert * "
+            f"min_size_to_sample = {offset}: a loop that inserts and samples in turn stops "
+            "inserting for good once min_size_to_sample items are stored.",
             stacklevel=3,
         )
     return low, high
 
 
-def _finite(name: str, value: Any) -> fractions.Fraction:
-    """A finite real argument as an exact fraction, or a `ValueError` naming it."""
+def _finite(name: str, value: Any) -> float:
+    """A finite real argument as a float, or a `ValueError` naming it."""
     number = _validation.check_real(name, value)
     if not math.isfinite(number):
         raise ValueError(
             f"{name} must be finite, got {value}; for a limit that never binds, give a large "
             "finite one (Reverb's MinSize uses +-sys.float_info.max)."
         )
-    return fractions.Fraction(number)
+    return number
 
 
-# Counts per call are capped here, so that `count * p` and `count * q` fit int32.
-MAX_COUNT = _validation.MAX_INT32 // 1000
+class _Rule(NamedTuple):
+    """The constants of a limiter's decisions (arguments, so that one compiled
+    check serves every limiter)."""
+
+    samples_per_insert: _binary64.Double
+    min_diff: _binary64.Double
+    max_diff: _binary64.Double
+    min_size: _limbs.Natural
 
 
-def _count(name: str, value: Any) -> jax.Array:
-    """A non-negative count, static or traced, as int32 (at most `MAX_COUNT`)."""
+_SATURATED = np.array([2**32 - 1, 2**31 - 1], np.uint32)  # 2**63 - 1 as [low, high]
+
+
+def _check_count(name: str, value: Any) -> Any:
+    """`value`, checked where it is known: an integer scalar in [0, 2**31 - 1]."""
     known = _validation.known(value)
-    if known is not None and (known.shape or known.dtype.kind not in "iu" or known < 0):
-        raise ValueError(f"{name} must be a non-negative integer scalar, got {value!r}.")
-    return jnp.minimum(jnp.asarray(value, jnp.int32), MAX_COUNT)
+    if known is not None and (
+        known.shape or known.dtype.kind not in "iu" or not 0 <= known <= _validation.MAX_INT32
+    ):
+        raise ValueError(f"{name} must be an integer scalar in [0, 2**31 - 1], got {value!r}.")
+    return value
 
 
-def _gated(count: jax.Array, where: Any) -> jax.Array:
-    """`count`, or 0 where `where` (an optional bool scalar) is false."""
-    where = _validation.check_where(where, "whether to count")
-    return count if where is None else jnp.where(where, count, 0)
+def _as_count(value: Any) -> jax.Array:
+    """uint32 scalar: a checked count (a traced negative one counts 0)."""
+    return jnp.maximum(jnp.asarray(value, jnp.int32), 0).astype(jnp.uint32)
 
 
-def _bound(value: Any, rounding: Callable[[Any], int]) -> int:
-    """A limit on `credit` as an int32 (rounded toward the allowed side)."""
-    limit = _validation.MAX_INT32
-    return int(rounding(min(max(value, -limit), limit)))
+def _gate(where: Any) -> jax.Array | None:
+    """An optional `where=` of a count, checked: a bool scalar or None."""
+    return _validation.check_where(where, "whether to count")
+
+
+@jax.jit
+def _count_up(words: jax.Array, n: Any, where: jax.Array | None) -> jax.Array:
+    """uint32[2]: the 64-bit count `words` plus `n` (0 where `where` is false),
+    saturating at 2**63 - 1."""
+    n = _as_count(n)
+    if where is not None:
+        n = jnp.where(where, n, jnp.uint32(0))
+    low = words[0] + n
+    high = words[1] + (low < words[0]).astype(jnp.uint32)
+    return jnp.where(high > _SATURATED[1], _SATURATED, jnp.stack([low, high]))
+
+
+def _natural(words: jax.Array) -> _limbs.Natural:
+    """The limbs of a count, uint32[2] words `[low, high]`."""
+    return _limbs.from_words(words[0], words[1])
+
+
+def _diff(rule: _Rule, inserts: _limbs.Natural, samples: jax.Array) -> _binary64.Double:
+    """`inserts * samples_per_insert - samples` in double arithmetic, as Reverb's C++
+    evaluates it: each count rounded to a double, then each operation."""
+    product = _binary64.multiply(_binary64.from_natural(inserts), rule.samples_per_insert)
+    return _binary64.add(product, _binary64.negate(_binary64.from_natural(_natural(samples))))
+
+
+@jax.jit
+def _may_insert(rule: _Rule, state: RateLimiterState, n: jax.Array) -> jax.Array:
+    """bool scalar: Reverb's `CanInsert(n)`."""
+    after = _limbs.add(_natural(state.inserts), _limbs.from_words(_as_count(n)))
+    filling = ~_limbs.less(_limbs.add(_natural(state.deletes), rule.min_size), after)
+    return filling | _binary64.less_equal(_diff(rule, after, state.samples), rule.max_diff)
+
+
+@jax.jit
+def _may_sample(rule: _Rule, state: RateLimiterState, n: jax.Array) -> jax.Array:
+    """bool scalar: Reverb's `CanSample(n)`."""
+    inserts = _natural(state.inserts)
+    filled = ~_limbs.less(inserts, _limbs.add(_natural(state.deletes), rule.min_size))
+    taken = _binary64.negate(_binary64.from_natural(_limbs.from_words(_as_count(n))))
+    diff = _binary64.add(_diff(rule, inserts, state.samples), taken)
+    return filled & _binary64.less_equal(rule.min_diff, diff)
 
 
 def sample_to_insert_ratio(
@@ -174,7 +248,8 @@ def sample_to_insert_ratio(
       min_size_to_sample: items stored before sampling may start; positive.
       error_buffer: how far `diff` may stray: a number `e` gives `[s * m - e,
         s * m + e]` (`s * m = samples_per_insert * min_size_to_sample`), a pair
-        `(min_diff, max_diff)` is used as is. The range must be at least
+        `(min_diff, max_diff)` is used as is (both computed in doubles, as
+        Reverb does, and finite). The range must be at least
         `2 * max(1, samples_per_insert)` wide and start at most at `s * m`.
 
     Returns:
@@ -182,7 +257,8 @@ def sample_to_insert_ratio(
       `can_sample(state, num_samples=1)` (bool scalars), and `inserted(state,
       n, where=None)`, `sampled(state, n, where=None)`, `deleted(state, n,
       where=None)` returning the new state (counting nothing where `where` is
-      false). The counts and `where` may be traced.
+      false). The counts (integers in [0, 2**31 - 1]) and `where` may be
+      traced; a traced negative count counts as 0.
 
     Examples:
       >>> import jaxbuf
@@ -200,44 +276,38 @@ def sample_to_insert_ratio(
             f"samples_per_insert must be positive and finite, got {samples_per_insert}."
         )
     min_size = _validation.check_int("min_size_to_sample", min_size_to_sample)
-    ratio = fractions.Fraction(spi).limit_denominator(1000)
-    low, high = _limits(ratio, min_size, error_buffer)
-    p, q = ratio.numerator, ratio.denominator
-    most, least = _bound(q * high, math.floor), _bound(q * low, math.ceil)
+    low, high = _limits(spi, min_size, error_buffer)
+    rule = _Rule(_binary64.constant(spi), _binary64.constant(low), _binary64.constant(high),
+                 _limbs.constant(min_size))  # fmt: skip
+    rule = jax.tree.map(jnp.asarray, rule)  # on the device once, not at each call
     config = Config(kind="sample_to_insert_ratio", samples_per_insert=spi,
-                    min_size_to_sample=min_size, min_diff=float(low),
-                    max_diff=float(high))  # fmt: skip
+                    min_size_to_sample=min_size, min_diff=low, max_diff=high)  # fmt: skip
 
     def init() -> RateLimiterState:
-        """Nothing inserted or sampled yet."""
-        return RateLimiterState(size=jnp.zeros((), jnp.int32), credit=jnp.zeros((), jnp.int32))
+        """Nothing inserted, sampled or deleted yet."""
+        zero = jnp.zeros(2, jnp.uint32)
+        return RateLimiterState(inserts=zero, samples=zero, deletes=zero)
 
     def can_insert(state: RateLimiterState, num_inserts: Any = 1) -> jax.Array:
         """bool scalar: whether `num_inserts` more items may be inserted now."""
-        n = _count("num_inserts", num_inserts)
-        filling = _validation.count_up(state.size, n) <= min_size
-        return filling | (_validation.count_up(state.credit, p * n) <= most)
+        return _may_insert(rule, state, _check_count("num_inserts", num_inserts))
 
     def can_sample(state: RateLimiterState, num_samples: Any = 1) -> jax.Array:
         """bool scalar: whether `num_samples` items may be sampled now."""
-        n = _count("num_samples", num_samples)
-        return (state.size >= min_size) & (_validation.count_up(state.credit, -q * n) >= least)
+        return _may_sample(rule, state, _check_count("num_samples", num_samples))
 
     def inserted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items were inserted (none where `where` is false)."""
-        n = _gated(_count("n", n), where)
-        return state.replace(size=_validation.count_up(state.size, n),
-                             credit=_validation.count_up(state.credit, p * n))  # fmt: skip
+        return state.replace(inserts=_count_up(state.inserts, _check_count("n", n), _gate(where)))
 
     def sampled(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items were sampled (a batch of B counts B; none where
         `where` is false)."""
-        n = _gated(_count("n", n), where)
-        return state.replace(credit=_validation.count_up(state.credit, -q * n))
+        return state.replace(samples=_count_up(state.samples, _check_count("n", n), _gate(where)))
 
     def deleted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items left the buffer (a queue's `pop`, say; none where
         `where` is false)."""
-        return state.replace(size=jnp.maximum(state.size - _gated(_count("n", n), where), 0))
+        return state.replace(deletes=_count_up(state.deletes, _check_count("n", n), _gate(where)))
 
     return RateLimiter(init, can_insert, can_sample, inserted, sampled, deleted, config)

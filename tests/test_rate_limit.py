@@ -1,32 +1,38 @@
-"""The rate limiter against a Python model of Reverb's `RateLimiter` rules."""
+"""The rate limiter against a Python model of Reverb's `RateLimiter` rules, as Reverb's
+code computes them (int64 counts, doubles)."""
 
-import fractions
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import jaxbuf
 
 
 class ReverbModel:
-    """Reverb's `rate_limiter.cc` rules, with exact fractions for the ratio."""
+    """Reverb's rules as its code computes them: the limits as `rate_limiters.py`
+    computes them in Python floats; the counts as int64 (Python ints); and
+    `rate_limiter.cc`'s diffs in C++ doubles, left to right, each count converted
+    to a double (Python's int-float arithmetic does the same)."""
 
-    def __init__(self, spi, min_size, error_buffer):
-        self.spi = fractions.Fraction(spi).limit_denominator(1000)
+    def __init__(self, spi, min_size, error_buffer, inserts=0, samples=0, deletes=0):
         if isinstance(error_buffer, tuple):
-            self.low, self.high = (fractions.Fraction(x) for x in error_buffer)
+            self.low, self.high = (float(x) for x in error_buffer)
         else:
-            offset, error = self.spi * min_size, fractions.Fraction(error_buffer)
-            self.low, self.high = offset - error, offset + error
-        self.min_size, self.inserts, self.samples, self.deletes = min_size, 0, 0, 0
+            offset = spi * min_size
+            self.low, self.high = offset - error_buffer, offset + error_buffer
+        self.spi, self.min_size = spi, min_size
+        self.inserts, self.samples, self.deletes = inserts, samples, deletes
 
     def can_insert(self, n):
         if self.inserts + n - self.deletes <= self.min_size:
             return True
-        return (self.inserts + n) * self.spi - self.samples <= self.high
+        return (n + self.inserts) * self.spi - self.samples <= self.high
 
     def can_sample(self, n):
         if self.inserts - self.deletes < self.min_size:
@@ -34,8 +40,14 @@ class ReverbModel:
         return self.inserts * self.spi - self.samples - n >= self.low
 
 
-# The last three have limits between two credits (q * min_diff, q * max_diff not integers):
-# there the bounds must round toward the allowed side.
+def state_of(inserts, samples, deletes):
+    """A limiter state holding the given counts (Python ints below 2**64)."""
+    words = [np.array([c & 0xFFFFFFFF, c >> 32], np.uint32) for c in (inserts, samples, deletes)]
+    return jaxbuf.RateLimiterState(*words)
+
+
+# 1/3 and 0.1 are not doubles, so their diffs round; the last three have limits that fall
+# between two diffs a loop can reach.
 CASES = [(1.0, 1, 2.0), (0.25, 4, 3.5), (4.0, 10, 8.0), (1.5, 3, (-2.0, 10.0)), (1 / 3, 5, 2.0),
          (8.0, 2, 20.0), (0.1, 50, 2.0), (1.0, 1, 2.7), (0.5, 2, (-1.3, 2.6)),
          (3.0, 1, 4.25)]  # fmt: skip
@@ -88,7 +100,7 @@ def test_the_limiter_paces_a_jitted_loop_at_the_ratio():
         lambda: jax.lax.scan(step, (limiter.init(), zero, zero), None, length=1000)
     )()
     assert abs(int(samples) / (int(inserts) - 16) - 2.0) < 0.05
-    assert int(state.size) == int(inserts)
+    assert int(state.counts()["inserts"]) == int(inserts)
 
 
 def test_branch_free_gating_equals_gating_by_cond():
@@ -135,16 +147,92 @@ def test_branch_free_gating_equals_gating_by_cond():
         limiter.inserted(limits, 3, where=jnp.int32(1))
 
 
-def test_counts_saturate_instead_of_wrapping():
+def test_counts_are_64_bit_and_saturate_instead_of_wrapping():
     limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, (-1e30, 1e30))
-    state = limiter.init()
-    for _ in range(1100):
-        state = limiter.inserted(state, jaxbuf._rate_limit.MAX_COUNT)
-    assert int(state.size) == 2**31 - 1 and int(state.credit) == 2**31 - 1
-    assert bool(limiter.can_sample(state, 1))  # a saturated credit stays positive
-    for _ in range(2200):
-        state = limiter.sampled(state, jaxbuf._rate_limit.MAX_COUNT)
-    assert int(state.credit) == -(2**31 - 1)
+    state = limiter.inserted(state_of(2**32 - 2, 2**32 + 5, 0), 3)  # the low word wraps
+    assert {k: int(v) for k, v in state.counts().items()} == {
+        "inserts": 2**32 + 1, "samples": 2**32 + 5, "deletes": 0}  # fmt: skip
+    assert bool(limiter.can_sample(state, 2**31 - 1))  # diff = -4: min_diff -1e30 is far
+    state = limiter.sampled(limiter.inserted(state_of(2**63 - 9, 2**63 - 2, 0), 2**31 - 1), 5)
+    assert int(state.counts()["inserts"]) == int(state.counts()["samples"]) == 2**63 - 1
+    state = limiter.deleted(state, 2**31 - 1, where=jnp.bool_(False))
+    assert int(state.counts()["deletes"]) == 0
+
+
+# Ratios from the smallest subnormal to 1e300; counts small, near 2**31, 2**32 and 2**53
+# (where a count stops being exact as a double), and up to 2**63.
+RATIOS = st.one_of(
+    st.floats(5e-324, 1e-3), st.floats(1e-3, 1e3), st.floats(1e3, 1e300),
+    st.sampled_from([0.0004, 0.1, 1 / 3, 1.5, 2.0, 5e-324]),
+)  # fmt: skip
+COUNTS = st.one_of(
+    st.integers(0, 4096), *(st.integers(c - 64, c + 64) for c in (2**31, 2**32, 2**53)),
+    st.integers(0, 2**63 - 2**32),
+)  # fmt: skip
+
+
+@st.composite
+def configurations(draw):
+    """`(samples_per_insert, min_size_to_sample, error_buffer)`: a number or a pair."""
+    spi, min_size = draw(RATIOS), draw(st.integers(1, 2**20))
+    width = 2 * max(1.0, spi) * draw(st.floats(1.01, 1e6))
+    if draw(st.booleans()):
+        return spi, min_size, width / 2
+    low = spi * min_size - draw(st.floats(0.0, 1.0)) * width
+    return spi, min_size, (low, low + width)
+
+
+@st.composite
+def counts_near_a_limit(draw, model):
+    """`(inserts, samples, deletes, n)`, often a few samples from a limit (and the
+    size from `min_size_to_sample`), where rounding decides."""
+    inserts, n = draw(COUNTS), draw(st.one_of(st.integers(1, 8), st.integers(1, 2**31 - 1)))
+    near_min = st.integers(model.min_size - 3, model.min_size + 3)
+    size = draw(st.one_of(st.integers(0, inserts), near_min))
+    target = draw(st.sampled_from([
+        inserts * model.spi - n - model.low,  # where can_sample(n) turns
+        (inserts + n) * model.spi - model.high,  # where can_insert(n) turns
+        float(draw(COUNTS)),
+    ]))  # fmt: skip
+    samples = int(target) + draw(st.integers(-3, 3)) if abs(target) < 2**62 else draw(COUNTS)
+    return inserts, min(max(samples, 0), 2**63 - 1), min(max(inserts - size, 0), inserts), n
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(configurations(), st.data())
+def test_every_decision_is_reverbs_for_any_ratio_and_count(configuration, data):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a range below the first samples warns
+            limiter = jaxbuf.sample_to_insert_ratio(*configuration)
+    except ValueError:  # a range that overflows the doubles
+        assume(False)
+    model = ReverbModel(*configuration)
+    assert (limiter.config.min_diff, limiter.config.max_diff) == (model.low, model.high)
+    model.inserts, model.samples, model.deletes, n = data.draw(counts_near_a_limit(model))
+    state = state_of(model.inserts, model.samples, model.deletes)
+    assert bool(limiter.can_insert(state, n)) == model.can_insert(n)
+    assert bool(limiter.can_sample(state, n)) == model.can_sample(n)
+
+
+def test_a_tiny_ratio_is_not_rounded_away():
+    """The issue's case: after 100,000 inserts at 0.0004 samples per insert, Reverb
+    allows 41 samples (0.0004 was once rounded to 0, allowing 2)."""
+    limiter = jaxbuf.sample_to_insert_ratio(0.0004, 1, 2.0)
+    state, allowed = limiter.inserted(limiter.init(), 100_000), 0
+    while bool(limiter.can_sample(state, 1)):
+        state, allowed = limiter.sampled(state, 1), allowed + 1
+    assert allowed == 41
+
+
+def test_decisions_under_vmap_are_each_states():
+    limiter = jaxbuf.sample_to_insert_ratio(1 / 3, 5, 2.0)
+    counts = [(26, 6, 2), (30, 6, 0), (2**32 + 7, 1431655767, 0), (4, 0, 0)]
+    batched = jax.tree.map(lambda *x: np.stack(x), *(state_of(*c) for c in counts))
+    got = jax.vmap(limiter.can_sample, in_axes=(0, None))(batched, 3)
+    expected = [ReverbModel(1 / 3, 5, 2.0, *c).can_sample(3) for c in counts]
+    assert got.tolist() == expected and any(expected) and not all(expected)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +249,7 @@ def test_counts_saturate_instead_of_wrapping():
         ((1.0, 1, (5.0, 10.0)), ValueError, "error_buffer's range starts at 5.0, above"),
         ((1.0, 1, "2"), TypeError, "error_buffer must be a number"),
         ((float("nan"), 1, 2.0), ValueError, "samples_per_insert must be a number, got nan"),
+        ((1e300, 10**9, 1e300), ValueError, "gives the range [inf, inf], outside the doubles"),
     ],
 )
 def test_bad_configuration_is_named(args, error, message):
@@ -175,14 +264,18 @@ def test_a_range_below_the_first_samples_warns_of_a_stall():
 
 def test_bad_counts_are_named():
     limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, 2.0)
-    with pytest.raises(ValueError, match="num_inserts must be a non-negative integer scalar"):
+    expected = "num_inserts must be an integer scalar in [0, 2**31 - 1], got -1"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         limiter.can_insert(limiter.init(), -1)
-    with pytest.raises(ValueError, match="n must be a non-negative integer scalar"):
+    with pytest.raises(ValueError, match=re.escape("n must be an integer scalar in [0, 2**31")):
         limiter.sampled(limiter.init(), 1.5)
+    with pytest.raises(ValueError, match=re.escape("got 2147483648")):
+        limiter.inserted(limiter.init(), 2**31)
 
 
 def test_the_state_saves_and_restores(tmp_path):
     limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, 2.0)
     state = limiter.sampled(limiter.inserted(limiter.init(), 3), 2)
     restored = jaxbuf.restore(jaxbuf.save(tmp_path / "limiter", state), limiter.init())
-    assert int(restored.size) == 3 and int(restored.credit) == int(state.credit)
+    assert {k: int(v) for k, v in restored.counts().items()} == {
+        "inserts": 3, "samples": 2, "deletes": 0}  # fmt: skip
