@@ -285,8 +285,8 @@ def sample_to_insert_ratio(
 
     def init() -> RateLimiterState:
         """Nothing inserted, sampled or deleted yet."""
-        zero = jnp.zeros(2, jnp.uint32)
-        return RateLimiterState(inserts=zero, samples=zero, deletes=zero)
+        zeros = [jnp.zeros(2, jnp.uint32) for _ in range(3)]  # 3 buffers, to donate
+        return RateLimiterState(*zeros)
 
     def can_insert(state: RateLimiterState, num_inserts: Any = 1) -> jax.Array:
         """bool scalar: whether `num_inserts` more items may be inserted now."""

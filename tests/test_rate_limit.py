@@ -273,6 +273,15 @@ def test_bad_counts_are_named():
         limiter.inserted(limiter.init(), 2**31)
 
 
+def test_the_state_can_be_donated():
+    """Each count is its own buffer, so a jitted step may donate the state."""
+    limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, 2.0)
+    step = jax.jit(lambda s: limiter.sampled(limiter.inserted(s, 2), 1), donate_argnums=0)
+    state = step(step(limiter.init()))
+    assert {k: int(v) for k, v in state.counts().items()} == {
+        "inserts": 4, "samples": 2, "deletes": 0}  # fmt: skip
+
+
 def test_the_state_saves_and_restores(tmp_path):
     limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, 2.0)
     state = limiter.sampled(limiter.inserted(limiter.init(), 3), 2)
