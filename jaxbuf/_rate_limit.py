@@ -94,7 +94,7 @@ class RateLimiter(_Record):
       >>> state, limits = buffer.init(jnp.float32(0)), limiter.init()
       >>> for _ in range(3):
       ...     state, limits = insert(state, limits, jnp.ones(2))
-      >>> int(state.size), int(limits.size)  # the later inserts wait for samples
+      >>> int(state.size), int(limits.counts()["inserts"])  # the later inserts wait for samples
       (2, 2)
     """
 

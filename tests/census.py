@@ -24,7 +24,8 @@ import jaxbuf
 PLATFORMS = ("cuda", "tpu")
 # Operations that must lower without loops or branches on an accelerator.
 BRANCH_FREE = ("add", "add_step", "sample", "set_priorities", "next_batch", "finish",
-               "minibatches", "write_and_draw")  # fmt: skip
+               "minibatches", "write_and_draw", "can_insert", "can_sample", "inserted",
+               "sampled", "deleted")  # fmt: skip
 COUNTED = ("while", "case/if", "gather", "scatter", "sort")
 ENVS, CAPACITY, BATCH, LENGTH = 16, 1 << 16, 256, 8
 
@@ -147,6 +148,18 @@ def operations() -> Iterator[tuple[str, Callable, tuple]]:
     yield from _sampled_calls("vectorize(replay/prioritized)", vectorized, STEP, 1)
     yield from _rollout_and_queue()
     yield from _blocks()
+    yield from _rate_limiter()
+
+
+def _rate_limiter():
+    """The rate limiter's checks (double arithmetic from integer words) and counts."""
+    limiter = jaxbuf.sample_to_insert_ratio(0.0004, 1, 2.0)
+    state = jax.eval_shape(limiter.init)
+    count, gate = jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.bool_)
+    for name in ("can_insert", "can_sample"):
+        yield f"rate limiter.{name}", getattr(limiter, name), (state, count)
+    for name in ("inserted", "sampled", "deleted"):
+        yield f"rate limiter.{name}", getattr(limiter, name), (state, count, gate)
 
 
 def _blocks():
