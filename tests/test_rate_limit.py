@@ -1,6 +1,8 @@
 """The rate limiter against a Python model of Reverb's `RateLimiter` rules, as Reverb's
 code computes them (int64 counts, doubles)."""
 
+import fractions
+import itertools
 import re
 import warnings
 
@@ -163,7 +165,7 @@ def test_counts_are_64_bit_and_saturate_instead_of_wrapping():
 # (where a count stops being exact as a double), and up to 2**63.
 RATIOS = st.one_of(
     st.floats(5e-324, 1e-3), st.floats(1e-3, 1e3), st.floats(1e3, 1e300),
-    st.sampled_from([0.0004, 0.1, 1 / 3, 1.5, 2.0, 5e-324]),
+    st.sampled_from([0.0004, 0.1, 0.3, 1 / 3, 0.7, 1.1, 1.5, 2.0, 5e-324]),  # typed ones
 )  # fmt: skip
 COUNTS = st.one_of(
     st.integers(0, 4096), *(st.integers(c - 64, c + 64) for c in (2**31, 2**32, 2**53)),
@@ -174,28 +176,54 @@ COUNTS = st.one_of(
 @st.composite
 def configurations(draw):
     """`(samples_per_insert, min_size_to_sample, error_buffer)`: a number or a pair."""
-    spi, min_size = draw(RATIOS), draw(st.integers(1, 2**20))
-    width = 2 * max(1.0, spi) * draw(st.floats(1.01, 1e6))
+    spi, min_size = draw(RATIOS), draw(st.one_of(st.integers(1, 64), st.integers(1, 2**20)))
+    # whole buffers make limits a typed ratio's diffs hit exactly, but for rounding
+    width = 2 * max(1.0, spi) * draw(st.one_of(st.integers(1, 64).map(float), st.floats(1.01, 1e6)))
     if draw(st.booleans()):
         return spi, min_size, width / 2
     low = spi * min_size - draw(st.floats(0.0, 1.0)) * width
     return spi, min_size, (low, low + width)
 
 
+def turning_point(holds, top=2**63 - 1):
+    """The least count in [0, top] where `holds` (monotone: false, then true) is true
+    (`top` if none)."""
+    low, high = 0, top
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle + 1, high)
+    return low
+
+
+def turns(model, inserts, n):
+    """The counts of samples where, after `inserts` inserts, Reverb's doubles turn a
+    decision: the first where `can_sample(n)` fails, the first where `can_insert(n)`
+    holds again (ignoring the size rules)."""
+
+    def sample_fails(samples):
+        return not inserts * model.spi - samples - n >= model.low
+
+    def insert_holds(samples):
+        return (n + inserts) * model.spi - samples <= model.high
+
+    return turning_point(sample_fails), turning_point(insert_holds)
+
+
 @st.composite
 def counts_near_a_limit(draw, model):
-    """`(inserts, samples, deletes, n)`, often a few samples from a limit (and the
-    size from `min_size_to_sample`), where rounding decides."""
-    inserts, n = draw(COUNTS), draw(st.one_of(st.integers(1, 8), st.integers(1, 2**31 - 1)))
+    """`(inserts, samples, deletes, n)` with `samples` often within one of where Reverb's
+    double arithmetic turns a decision (found by bisection), and the size often within
+    three of `min_size_to_sample`."""
+    # min_size + 7500 k inserts: a typed ratio's credit since the first sample is whole,
+    # and a whole error buffer puts a limit exactly on it, unless the doubles round
+    aligned = st.integers(0, 2**40).map(lambda k: model.min_size + 7500 * k)
+    inserts = draw(st.one_of(COUNTS, aligned))
+    n = draw(st.one_of(st.integers(1, 8), st.integers(1, 2**31 - 1)))
     near_min = st.integers(model.min_size - 3, model.min_size + 3)
     size = draw(st.one_of(st.integers(0, inserts), near_min))
-    target = draw(st.sampled_from([
-        inserts * model.spi - n - model.low,  # where can_sample(n) turns
-        (inserts + n) * model.spi - model.high,  # where can_insert(n) turns
-        float(draw(COUNTS)),
-    ]))  # fmt: skip
-    samples = int(target) + draw(st.integers(-3, 3)) if abs(target) < 2**62 else draw(COUNTS)
-    return inserts, min(max(samples, 0), 2**63 - 1), min(max(inserts - size, 0), inserts), n
+    turn = draw(st.sampled_from([*turns(model, inserts, n), draw(COUNTS)]))
+    samples = min(max(turn + draw(st.integers(-1, 1)), 0), 2**63 - 1)
+    return inserts, samples, min(max(inserts - size, 0), inserts), n
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
@@ -214,6 +242,29 @@ def test_every_decision_is_reverbs_for_any_ratio_and_count(configuration, data):
     state = state_of(model.inserts, model.samples, model.deletes)
     assert bool(limiter.can_insert(state, n)) == model.can_insert(n)
     assert bool(limiter.can_sample(state, n)) == model.can_sample(n)
+
+
+def test_where_rounding_decides_the_limiter_decides_as_reverb():
+    """Typed ratios, whole error buffers, and samples at the counts where each decision
+    turns: there exact arithmetic on the same doubles disagrees with Reverb's double
+    arithmetic dozens of times, and the limiter sides with Reverb every time."""
+    disagreements = {"sample": 0, "insert": 0}
+    for spi, min_size, error_buffer in itertools.product(
+        (0.1, 0.3, 0.7, 1.1, 1 / 3, 0.0004), (1, 5, 50), (3.0, 7.0)
+    ):
+        limiter = jaxbuf.sample_to_insert_ratio(spi, min_size, error_buffer)
+        for inserts, n in itertools.product(range(min_size, min_size + 40), (1, 3)):
+            model = ReverbModel(spi, min_size, error_buffer, inserts)
+            for samples in {t + d for t in turns(model, inserts, n) for d in (-1, 0)} - {-1}:
+                model.samples, state = samples, state_of(inserts, samples, 0)
+                sample, insert = model.can_sample(n), model.can_insert(n)
+                assert bool(limiter.can_sample(state, n)) == sample
+                assert bool(limiter.can_insert(state, n)) == insert
+                credit = fractions.Fraction(inserts) * fractions.Fraction(spi) - samples
+                disagreements["sample"] += (credit - n >= fractions.Fraction(model.low)) != sample
+                exact = credit + n * fractions.Fraction(spi) <= fractions.Fraction(model.high)
+                disagreements["insert"] += (exact or inserts + n <= min_size) != insert
+    assert disagreements["sample"] >= 20 and disagreements["insert"] >= 20, disagreements
 
 
 def test_a_tiny_ratio_is_not_rounded_away():
