@@ -185,11 +185,6 @@ def _as_count(value: Any) -> jax.Array:
     return jnp.maximum(jnp.asarray(value, jnp.int32), 0).astype(jnp.uint32)
 
 
-def _gate(where: Any) -> jax.Array | None:
-    """An optional `where=` of a count, checked: a bool scalar or None."""
-    return _validation.check_where(where, "whether to count")
-
-
 @jax.jit
 def _count_up(words: jax.Array, n: Any, where: jax.Array | None) -> jax.Array:
     """uint32[2]: the 64-bit count `words` plus `n` (0 where `where` is false),
@@ -200,6 +195,12 @@ def _count_up(words: jax.Array, n: Any, where: jax.Array | None) -> jax.Array:
     low = words[0] + n
     high = words[1] + (low < words[0]).astype(jnp.uint32)
     return jnp.where(high > _SATURATED[1], _SATURATED, jnp.stack([low, high]))
+
+
+def _counted(words: jax.Array, n: Any, where: Any) -> jax.Array:
+    """uint32[2]: a count after `n` more (none where `where` is false), both checked."""
+    where = _validation.check_where(where, "whether to count")
+    return _count_up(words, _check_count("n", n), where)
 
 
 def _natural(words: jax.Array) -> _limbs.Natural:
@@ -298,16 +299,16 @@ def sample_to_insert_ratio(
 
     def inserted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items were inserted (none where `where` is false)."""
-        return state.replace(inserts=_count_up(state.inserts, _check_count("n", n), _gate(where)))
+        return state.replace(inserts=_counted(state.inserts, n, where))
 
     def sampled(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items were sampled (a batch of B counts B; none where
         `where` is false)."""
-        return state.replace(samples=_count_up(state.samples, _check_count("n", n), _gate(where)))
+        return state.replace(samples=_counted(state.samples, n, where))
 
     def deleted(state: RateLimiterState, n: Any, where: Any = None) -> RateLimiterState:
         """The state after `n` items left the buffer (a queue's `pop`, say; none where
         `where` is false)."""
-        return state.replace(deletes=_count_up(state.deletes, _check_count("n", n), _gate(where)))
+        return state.replace(deletes=_counted(state.deletes, n, where))
 
     return RateLimiter(init, can_insert, can_sample, inserted, sampled, deleted, config)
