@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 from reference import np_gae
 
 import jaxbuf
@@ -144,18 +145,18 @@ def test_scan_and_associative_agree_on_long_horizons():
 
 
 def _lowered(function, platform, *args):
-    return jax.export.export(jax.jit(function), platforms=(platform,))(*args).mlir_module()
+    return export.export(jax.jit(function), platforms=(platform,))(*args).mlir_module()
 
 
-@pytest.mark.parametrize(
-    "estimator",
-    [
-        lambda *a, **k: jaxbuf.gae(*a, discount=0.99, gae_lambda=0.95, **k)[0],
-        lambda r, v, nv, *a, **k: jaxbuf.lambda_returns(r, nv, *a, discount=0.99, lambda_=0.9, **k),
-        lambda r, v, nv, *a, **k: jaxbuf.discounted_returns(r, nv, *a, discount=0.99, **k),
-    ],
-    ids=["gae", "lambda_returns", "discounted_returns"],
-)
+ESTIMATORS = [
+    lambda *a, **k: jaxbuf.gae(*a, discount=0.99, gae_lambda=0.95, **k)[0],
+    lambda r, v, nv, *a, **k: jaxbuf.lambda_returns(r, nv, *a, discount=0.99, lambda_=0.9, **k),
+    lambda r, v, nv, *a, **k: jaxbuf.discounted_returns(r, nv, *a, discount=0.99, **k),
+]
+ESTIMATOR_NAMES = ["gae", "lambda_returns", "discounted_returns"]
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=ESTIMATOR_NAMES)
 def test_auto_is_scan_on_cpu_and_associative_on_accelerators(estimator):
     """The default takes a loop-free path when lowered for an accelerator, the scan on CPU,
     and both paths agree over long horizons with episode ends."""
@@ -170,6 +171,19 @@ def test_auto_is_scan_on_cpu_and_associative_on_accelerators(estimator):
         assert "stablehlo.while" not in text, platform
         same = _lowered(lambda *a: estimator(*a, method="associative"), platform, *args)
         assert text.count("stablehlo.slice") == same.count("stablehlo.slice") > 0, platform
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=ESTIMATOR_NAMES)
+def test_an_explicit_method_is_taken_on_every_platform(estimator):
+    """`method="scan"` and `method="associative"` are what they say wherever the program is
+    lowered: the scan is a loop on accelerators too, the associative scan has none on CPU."""
+    args = rollout(8, shape=(64, 3), p_end=0.05)
+    for platform in ("cpu", "cuda", "tpu"):
+        scan = _lowered(lambda *a: estimator(*a, method="scan"), platform, *args)
+        associative = _lowered(lambda *a: estimator(*a, method="associative"), platform, *args)
+        assert "stablehlo.while" in scan, platform
+        assert "stablehlo.while" not in associative, platform
+        assert "stablehlo.case" not in associative, platform  # no choice left to the platform
 
 
 @pytest.mark.parametrize("method", ["scan", "associative"])
