@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -42,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from jaxbuf import _checkpoint_leaves
 from jaxbuf._types import Config
 from jaxbuf._version import __version__
 
@@ -49,63 +51,6 @@ FORMAT = "jaxbuf-checkpoint"
 FORMAT_VERSION = 2
 METADATA = "metadata.json"
 CHUNK_BYTES = 32 * 2**20  # host memory a save or restore holds beyond the state
-
-
-# Python scalars a training state holds (a step count, a learning rate): saved as 64-bit
-# values, restored as the same Python type.
-PYTHON_SCALARS = {bool: np.bool_, int: np.int64, float: np.float64}
-
-
-def _encode(path: tuple, leaf: Any) -> tuple[Any, dict]:
-    """A leaf as the array its bytes are written from, and what else restores it:
-    `{"python": "int"}` for a Python scalar, `{"key_impl": name}` for typed PRNG
-    keys (stored as their key data). Raises, naming the leaf, for anything else
-    than arrays, keys and Python `bool`/`int`/`float`."""
-    name = f"state{jax.tree_util.keystr(path)}"
-    if type(leaf) in PYTHON_SCALARS:
-        if type(leaf) is int and not -(2**63) <= leaf < 2**63:
-            raise ValueError(f"{name}: the int {leaf} does not fit in 64 bits.")
-        return np.asarray(leaf, PYTHON_SCALARS[type(leaf)]), {"python": type(leaf).__name__}
-    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
-        raise TypeError(
-            f"{name} is a {type(leaf).__name__}; a checkpoint holds arrays, typed PRNG keys, "
-            "Python bool/int/float and None (in dicts, lists, tuples, NamedTuples and "
-            "flax.struct dataclasses). Nothing was written."
-        )
-    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        if isinstance(leaf, jax.ShapeDtypeStruct):  # a template's (`jax.eval_shape`)
-            impl: list[str] = []
-            data = jax.eval_shape(lambda k: (impl.append(str(jax.random.key_impl(k))),
-                                             jax.random.key_data(k))[1], leaf)  # fmt: skip
-            return data, {"key_impl": impl[0]}
-        keys: Any = leaf
-        return jax.random.key_data(keys), {"key_impl": str(jax.random.key_impl(keys))}
-    if np.dtype(leaf.dtype).kind not in "biufcV":  # numbers and ml_dtypes (bfloat16 is "V")
-        raise TypeError(f"{name} has dtype {leaf.dtype}, which a checkpoint does not hold.")
-    return leaf, {}
-
-
-def _encoded(state: Any) -> list[tuple[tuple, Any, dict]]:
-    """`(path, array, extra)` of every leaf (see `_encode`); raises before any write."""
-    return [(path, *_encode(path, leaf))
-            for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]  # fmt: skip
-
-
-def _leaves(state: Any) -> dict[str, dict]:
-    described = {}
-    for path, array, extra in _encoded(state):
-        entry = {"shape": list(array.shape), "dtype": str(array.dtype), **extra}
-        described[jax.tree_util.keystr(path)] = entry
-    return described
-
-
-def _decode(entry: dict, array: Any) -> Any:
-    """A leaf back from its stored array (see `_encode`)."""
-    if "python" in entry:
-        return {"bool": bool, "int": int, "float": float}[entry["python"]](array.item())
-    if "key_impl" in entry:
-        return jax.random.wrap_key_data(jnp.asarray(array), impl=entry["key_impl"])
-    return jnp.asarray(array)
 
 
 def _plain(value: Any) -> Any:
@@ -183,9 +128,9 @@ def _chunks(leaf: Any) -> Iterator[np.ndarray]:
 
 
 def _write_data(file: Any, leaves: list, hasher: Any) -> dict[str, dict]:
-    """Streams the encoded leaves (`_encoded`) into `file`, hashing while writing (two
-    threads: both release the GIL); returns each leaf's shape, dtype, offset, size
-    and what else restores it."""
+    """Streams the encoded leaves (`_checkpoint_leaves.encoded`) into `file`, hashing
+    while writing (two threads: both release the GIL); returns each leaf's shape,
+    dtype, offset, size and what else restores it."""
     placed, offset = {}, 0
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         for path, leaf, extra in leaves:
@@ -250,7 +195,8 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
       ([0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0], 3)
     """
     _check_addressable(state)
-    leaves = _encoded(state)  # refuses what cannot be saved before anything is written
+    _checkpoint_leaves.check_storable(state)
+    leaves = _checkpoint_leaves.encoded(state)  # refuses what it cannot hold before a write
     kind, config = _describe(buffer)
     folder = pathlib.Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -368,7 +314,7 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
             f"{folder} holds a {metadata['state_type']}, but the template is a "
             f"{type(template).__name__}."
         )
-    saved, wanted = metadata["leaves"], _leaves(template)
+    saved, wanted = metadata["leaves"], _checkpoint_leaves.wanted(template)
     if saved.keys() != wanted.keys():
         missing, extra = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
         raise ValueError(
@@ -376,27 +322,9 @@ def _check_template(metadata: dict, template: Any, folder: pathlib.Path) -> None
             f"{missing or 'nothing'} and has extra leaves {extra or 'none'}."
         )
     for key, want in wanted.items():
-        got = saved[key] if isinstance(saved[key], dict) else {}
-        if any(got.get(field) != want.get(field) for field in ("python", "key_impl")):
-            raise ValueError(
-                f"{folder}: leaf {key} was saved as {_what(got)}, but the template holds "
-                f"{_what(want)}."
-            )
-        if (got.get("shape"), got.get("dtype")) != (want["shape"], want["dtype"]):
-            raise ValueError(
-                f"{folder}: leaf {key} was saved with shape {tuple(got.get('shape') or ())} "
-                f"and dtype "
-                f"{got.get('dtype')}, but the template has shape {tuple(want['shape'])} and "
-                f"dtype {want['dtype']} (another configuration?)."
-            )
-
-
-def _what(entry: dict) -> str:
-    if "python" in entry:
-        return f"a Python {entry['python']}"
-    if "key_impl" in entry:
-        return f"PRNG keys ({entry['key_impl']})"
-    return "an array"
+        why = _checkpoint_leaves.mismatch(saved[key] if isinstance(saved[key], dict) else {}, want)
+        if why is not None:
+            raise ValueError(f"{folder}: leaf {key} {why}.")
 
 
 # Configuration fields that choose how results are computed, not what the state holds
@@ -444,13 +372,18 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
       path: the checkpoint folder.
       template: a state of the same configuration, whose structure, shapes and
         dtypes must match the saved ones: `buffer.init(example)`, or, allocating
-        nothing, `jax.eval_shape(buffer.init, example)`. Where it holds a Python
-        scalar or typed PRNG keys, the saved leaf must be one of the same kind.
+        nothing, `jax.eval_shape(buffer.init, example)`. Each leaf says what
+        comes back (`_checkpoint_leaves`): a Python scalar the same Python type
+        (the saved leaf must be one), typed keys keys, a NumPy leaf a NumPy
+        array in its dtype (64 bits stay 64 bits), a JAX array or
+        `jax.ShapeDtypeStruct` a JAX array in its dtype. A saved Python scalar
+        restores into a scalar array; a saved 64-bit leaf into the 32-bit dtype
+        that JAX gives it without x64, if every value survives (integers
+        exactly, floats within range), else `restore` raises naming the leaf.
       buffer: the buffer the state is for (optional); see above.
 
     Returns:
-      The restored state, with JAX arrays, typed keys and Python scalars where
-      they were saved.
+      The restored state, as the template's leaves say.
 
     Raises:
       ValueError: the checkpoint does not match the template or the buffer (the
@@ -510,26 +443,51 @@ def _restore_msgpack(data: bytes, metadata: dict, template: Any, data_file: path
 
 
 def _read_leaves(file: Any, metadata: dict, template: Any, data_file: pathlib.Path) -> Any:
-    """Format 2: each leaf read in chunks into an array allocated once."""
+    """Format 2: each leaf read in chunks into an array allocated once, in the
+    template leaf's dtype and kind (`_checkpoint_leaves.decode`)."""
     hasher = hashlib.sha256()
     leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
     restored, offset = [], 0
-    for path, _ in leaves:
-        entry = metadata["leaves"][jax.tree_util.keystr(path)]
-        dtype = jnp.dtype(entry["dtype"])
-        nbytes = dtype.itemsize * int(np.prod(entry["shape"], dtype=np.int64))
+    for path, template_leaf in leaves:
+        name = jax.tree_util.keystr(path)
+        entry = metadata["leaves"][name]
+        saved = jnp.dtype(entry["dtype"])
+        nbytes = saved.itemsize * int(np.prod(entry["shape"], dtype=np.int64))
         if entry.get("offset") != offset or entry.get("nbytes") != nbytes:
-            where = jax.tree_util.keystr(path)
             raise ValueError(f"{data_file.parent / METADATA} is corrupted: the place of leaf "
-                             f"{where} in the data file is wrong.")  # fmt: skip
-        array = _read_leaf(file, tuple(entry["shape"]), dtype, hasher, data_file)
-        restored.append(_decode(entry, array))
+                             f"{name} in the data file is wrong.")  # fmt: skip
+        want = _checkpoint_leaves.stored_dtype(path, template_leaf)
+        reading = _Reading(file, hasher, data_file, name, saved, want)
+        on_device = _checkpoint_leaves.holder(template_leaf) == "jax"
+        array = _read_leaf(reading, tuple(entry["shape"]), on_device=on_device)
+        restored.append(_checkpoint_leaves.decode(entry, array, template_leaf))
         offset += nbytes
     if file.read(1) or hasher.hexdigest() != metadata["sha256"]:
         raise ValueError(
             f"{data_file} is corrupted or truncated: its SHA-256 does not match the metadata."
         )
     return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reading:
+    """One leaf being read: the open data file, its running hash, and the leaf's
+    name, saved dtype and the template's dtype."""
+
+    file: Any
+    hasher: Any
+    data_file: pathlib.Path
+    name: str
+    saved: np.dtype
+    want: np.dtype
+
+    def rows(self, count: int, shape: tuple) -> np.ndarray:
+        """The next `count` rows of `shape[1:]` (all of a scalar leaf for `count`
+        1 and `shape` ()), in the template's dtype."""
+        nbytes = self.saved.itemsize * count * int(np.prod(shape[1:], dtype=np.int64))
+        data = _read_exactly(self.file, nbytes, self.hasher, self.data_file)
+        values = np.frombuffer(data, self.saved).reshape(shape and (count, *shape[1:]))
+        return _checkpoint_leaves.convert(values, self.want, self.name)
 
 
 def _read_exactly(file: Any, nbytes: int, hasher: Any, data_file: pathlib.Path) -> bytearray:
@@ -545,17 +503,15 @@ def _put_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(array, rows, start, 0)
 
 
-def _read_leaf(file, shape: tuple, dtype, hasher, data_file: pathlib.Path) -> Any:
-    """One leaf, chunk by chunk, into an array of zeros (updated in place)."""
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    if not shape or row_bytes * shape[0] <= CHUNK_BYTES:  # a host array (`_decode` moves it)
-        data = _read_exactly(file, row_bytes * (shape[0] if shape else 1), hasher, data_file)
-        return np.frombuffer(data, dtype).reshape(shape)
-    array = jnp.zeros(shape, dtype)
+def _read_leaf(reading: _Reading, shape: tuple, *, on_device: bool) -> Any:
+    """One leaf: a host array, or, for a JAX leaf larger than a chunk, chunk by
+    chunk into an array of zeros on the device (updated in place)."""
+    row_bytes = reading.saved.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    if not on_device or not shape or row_bytes * shape[0] <= CHUNK_BYTES:
+        return reading.rows(shape[0] if shape else 1, shape)
+    array = jnp.zeros(shape, reading.want)
     rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
     for start in range(0, shape[0], rows):
-        count = min(rows, shape[0] - start)
-        data = _read_exactly(file, row_bytes * count, hasher, data_file)
-        chunk = np.frombuffer(data, dtype).reshape(count, *shape[1:])
+        chunk = reading.rows(min(rows, shape[0] - start), shape)
         array = _put_rows(array, chunk, np.int32(start))
     return array

@@ -18,7 +18,7 @@ from flax import serialization, struct
 from reference import prioritized_replay, prioritized_trajectory
 
 import jaxbuf
-from jaxbuf import _checkpoint
+from jaxbuf import _checkpoint, _checkpoint_leaves
 
 EXAMPLE = {"obs": jnp.zeros(3), "action": jnp.int32(0), "done": jnp.bool_(False)}
 STEP = {
@@ -319,7 +319,8 @@ def format_1_folder(folder, buffer, state, data=None):
     metadata = {
         "format": "jaxbuf-checkpoint", "format_version": 1, "jaxbuf_version": "0.1.0",
         "kind": "replay", "config": _checkpoint._plain(buffer.config), "state_type": "RingState",
-        "size": 8, "leaves": _checkpoint._leaves(host),
+        "size": 8, "leaves": {name: {"shape": leaf["shape"], "dtype": leaf["dtype"]}
+                              for name, leaf in _checkpoint_leaves.wanted(host).items()},
         "data_file": f"state-{digest[:16]}.msgpack", "sha256": digest,
     }  # fmt: skip
     (folder / "metadata.json").write_text(json.dumps(metadata))

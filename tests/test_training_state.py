@@ -139,3 +139,141 @@ def test_an_abstract_template_restores_arrays_and_keys(tmp_path):
              "x": jnp.arange(4.0)}  # fmt: skip
     folder = jaxbuf.save(tmp_path / "ckpt", saved)
     assert_same(jaxbuf.restore(folder, jax.eval_shape(lambda: saved)), saved)
+
+
+SIXTY_FOUR = {
+    "n": np.int64(2**40 + 3), "max": np.uint64(2**64 - 1), "big": np.float64(1e300),
+    "tiny": np.float64(5e-324), "counts": np.array([-(2**62), 2**53 + 1], np.int64),
+    "complex": np.complex128(1e300 + 1j), "small": np.int64(7),
+}  # fmt: skip
+
+
+def test_64_bit_numpy_leaves_come_back_as_they_were_saved(tmp_path):
+    """NumPy step counters, timestamps and float64 statistics: exact, as NumPy, in their dtype,
+    whatever jax_enable_x64 says (JAX without x64 would make them 32 bits)."""
+    folder = jaxbuf.save(tmp_path / "ckpt", SIXTY_FOUR)
+    template = {key: type(value)(0) if isinstance(value, np.generic) else np.zeros_like(value)
+                for key, value in SIXTY_FOUR.items()}  # fmt: skip
+    restored = jaxbuf.restore(folder, template)
+    for name, want in SIXTY_FOUR.items():
+        got = restored[name]
+        assert type(got) is type(want), name
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_large_64_bit_numpy_leaf_is_read_in_chunks_exactly(tmp_path, monkeypatch):
+    from jaxbuf import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "CHUNK_BYTES", 64)
+    saved = {"t": np.arange(2**40, 2**40 + 100, dtype=np.int64).reshape(50, 2)}
+    restored = jaxbuf.restore(jaxbuf.save(tmp_path / "c", saved), {"t": np.zeros((50, 2), np.int64)})
+    assert isinstance(restored["t"], np.ndarray) and restored["t"].dtype == np.int64
+    np.testing.assert_array_equal(restored["t"], saved["t"])
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("n", "1099511627779"), ("max", "18446744073709551615"), ("big", "1e+300"),
+     ("counts", "-4611686018427387904"), ("complex", "1e+300")],
+)  # fmt: skip
+def test_a_64_bit_value_a_32_bit_template_cannot_hold_is_refused(tmp_path, name, value):
+    """`jax.eval_shape` of a state with 64-bit NumPy leaves says 32 bits (x64 off): values
+    that survive the conversion restore, the others are refused naming the leaf."""
+    saved = {name: SIXTY_FOUR[name], "small": SIXTY_FOUR["small"]}
+    folder = jaxbuf.save(tmp_path / "ckpt", saved)
+    template = jax.eval_shape(lambda: jax.tree.map(np.zeros_like, saved))
+    assert template[name].dtype.itemsize * 2 == SIXTY_FOUR[name].dtype.itemsize
+    with pytest.raises(ValueError, match=rf"leaf \['{name}'\] holds .*{re.escape(value)}"):
+        jaxbuf.restore(folder, template)
+    fits = {key: SIXTY_FOUR[key] for key in ("small", "tiny")}
+    restored = jaxbuf.restore(jaxbuf.save(tmp_path / "fits", fits), jax.eval_shape(lambda: fits))
+    assert isinstance(restored["small"], jax.Array) and int(restored["small"]) == 7
+    assert restored["small"].dtype == jnp.int32
+    # a float64 rounds to the float32 the template asks for (here, to zero: 5e-324 is within
+    # float32's range, not above its smallest subnormal, as JAX's own conversion rounds it)
+    assert restored["tiny"].dtype == jnp.float32
+
+
+def test_a_jax_template_asking_for_64_bits_without_x64_is_refused(tmp_path):
+    folder = jaxbuf.save(tmp_path / "ckpt", {"n": np.int64(3)})
+    with pytest.raises(ValueError, match=r"leaf \['n'\] is int64, and the template asks for a "
+                       r"JAX int64 array, which JAX makes int32 while jax_enable_x64 is off"):
+        jaxbuf.restore(folder, {"n": jax.ShapeDtypeStruct((), np.int64)})
+
+
+X64 = """
+import jax, jax.numpy as jnp, numpy as np, jaxbuf
+jax.config.update("jax_enable_x64", True)
+saved = {{"n": jnp.asarray(2**40 + 3, jnp.int64), "x": jnp.asarray(1e300, jnp.float64),
+          "u": jnp.asarray([2**64 - 1], jnp.uint64), "step": 2**40}}
+folder = jaxbuf.save({folder!r}, saved)
+for template in (jax.tree.map(jnp.zeros_like, saved), jax.eval_shape(lambda: saved)):
+    restored = jaxbuf.restore(folder, template)
+    for name in ("n", "x", "u"):
+        assert isinstance(restored[name], jax.Array), name
+        assert restored[name].dtype == saved[name].dtype, name
+        assert np.array_equal(np.asarray(restored[name]), np.asarray(saved[name])), name
+    assert int(restored["step"]) == 2**40
+print("ok")
+"""
+
+
+def test_jax_arrays_under_x64_come_back_as_64_bit_arrays(tmp_path):
+    code = X64.format(folder=str(tmp_path / "ckpt"))
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.stdout.strip() == "ok"
+
+
+def test_an_abstract_template_restores_python_scalars_as_its_arrays(tmp_path):
+    """Orbax's habit: `restore(folder, jax.eval_shape(lambda: state))`, where flax's
+    `TrainState.step` and other Python scalars become weak-typed scalar arrays."""
+    saved = training_state(3)
+    folder = jaxbuf.save(tmp_path / "ckpt", saved)
+    template = jax.eval_shape(lambda: {**training_state(0), "big": 0})
+    restored = jaxbuf.restore(folder, {**template, "big": np.int64(0)})  # a NumPy int64
+    assert type(restored["big"]) is np.int64 and restored["big"] == 2**40 + 3
+    for name, dtype in [("step", jnp.int32), ("lr", jnp.float32), ("done", jnp.bool_)]:
+        assert isinstance(restored[name], jax.Array) and restored[name].dtype == dtype, name
+        assert restored[name].shape == () and restored[name] == saved[name], name
+    assert int(restored["pair"].count) == 3
+    # a concrete array takes a Python scalar too, if its value fits
+    concrete = jaxbuf.restore(folder, {**template, "big": np.int64(0), "step": jnp.int32(0)})
+    assert isinstance(concrete["step"], jax.Array) and int(concrete["step"]) == 10
+    with pytest.raises(ValueError, match=r"leaf \['big'\] holds 1099511627779"):
+        jaxbuf.restore(folder, template)  # int32, as eval_shape makes a Python int
+
+
+def test_a_train_state_restores_into_an_abstract_template(tmp_path):
+    from flax.training import train_state
+
+    def make(seed):
+        params = {"w": jnp.full(3, float(seed))}
+        return train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1))
+
+    state = make(1).replace(step=12)
+    folder = jaxbuf.save(tmp_path / "ckpt", state)
+    restored = jaxbuf.restore(folder, jax.eval_shape(lambda: make(0)))
+    assert restored.step.dtype == jnp.int32 and int(restored.step) == 12
+    np.testing.assert_array_equal(restored.params["w"], state.params["w"])
+
+
+@pytest.mark.parametrize(
+    "leaf, error, match",
+    [
+        (jax.ShapeDtypeStruct((3,), jnp.float32), TypeError,
+         r"state\['bad'\] is a jax.ShapeDtypeStruct \(a template from jax.eval_shape\?\)"),
+        ("deleted", ValueError, r"state\['bad'\] is a deleted array: it was donated"),
+    ],
+)  # fmt: skip
+def test_a_leaf_without_values_is_refused_before_a_byte_is_written(tmp_path, leaf, error, match):
+    if leaf == "deleted":
+        leaf = jnp.zeros(3) + 1
+        leaf.delete()
+    folder = jaxbuf.save(tmp_path / "ckpt", training_state(1))
+    files = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(error, match=match):
+        jaxbuf.save(folder, {**training_state(2), "bad": leaf})
+    assert sorted(p.name for p in folder.iterdir()) == files
+    assert_same(jaxbuf.restore(folder, training_state(0)), training_state(1))
