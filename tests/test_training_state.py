@@ -167,7 +167,8 @@ def test_a_large_64_bit_numpy_leaf_is_read_in_chunks_exactly(tmp_path, monkeypat
 
     monkeypatch.setattr(_checkpoint, "CHUNK_BYTES", 64)
     saved = {"t": np.arange(2**40, 2**40 + 100, dtype=np.int64).reshape(50, 2)}
-    restored = jaxbuf.restore(jaxbuf.save(tmp_path / "c", saved), {"t": np.zeros((50, 2), np.int64)})
+    folder = jaxbuf.save(tmp_path / "c", saved)
+    restored = jaxbuf.restore(folder, {"t": np.zeros((50, 2), np.int64)})
     assert isinstance(restored["t"], np.ndarray) and restored["t"].dtype == np.int64
     np.testing.assert_array_equal(restored["t"], saved["t"])
 
