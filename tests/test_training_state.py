@@ -198,8 +198,11 @@ def test_a_64_bit_value_a_32_bit_template_cannot_hold_is_refused(tmp_path, name,
 
 def test_a_jax_template_asking_for_64_bits_without_x64_is_refused(tmp_path):
     folder = jaxbuf.save(tmp_path / "ckpt", {"n": np.int64(3)})
-    with pytest.raises(ValueError, match=r"leaf \['n'\] is int64, and the template asks for a "
-                       r"JAX int64 array, which JAX makes int32 while jax_enable_x64 is off"):
+    with pytest.raises(
+        ValueError,
+        match=r"leaf \['n'\] is int64, and the template asks for a "
+        r"JAX int64 array, which JAX makes int32 while jax_enable_x64 is off",
+    ):
         jaxbuf.restore(folder, {"n": jax.ShapeDtypeStruct((), np.int64)})
 
 
