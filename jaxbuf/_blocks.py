@@ -84,7 +84,8 @@ def blocks(buffer: BufferLike, steps_per_call: int, batches_per_call: int | None
         a queue.
       steps_per_call: `k`, the steps (per-environment kinds: one per
         environment; replay buffers: one `add`'s items) each `write` takes; at
-        most the buffer's `capacity` (`num_steps` for a rollout buffer).
+        most the buffer's `capacity` (`num_steps` for a rollout buffer), but any
+        number for a replay buffer, whose `k` steps are `k` adds.
       batches_per_call: the batches each `draw` returns; default `steps_per_call`
         (one batch per environment step); 0 for a rollout buffer, which is read
         by `finish` and `minibatches`.
@@ -152,11 +153,24 @@ def _writer(buffer: Any, k: int) -> Callable:
         replay, rollout and queue), as `k` calls in order would: returns the state."""
         _check_lead(steps, k)
         if isinstance(layout, Layout):
-            return buffer.add(state, _as_add_data(layout, state, steps))
+            data = _as_add_data(layout, state, steps)
+            if _fits_one_add(buffer, layout, data):
+                return buffer.add(state, data)
         add = single_add(buffer)
         return jax.lax.scan(lambda s, step: (add(s, step), None), state, steps)[0]
 
     return write
+
+
+def _fits_one_add(buffer: Buffer, layout: Layout, data: PyTree) -> bool:
+    """Whether `k` steps joined (`_as_add_data`) are one `add` that `k` single adds
+    equal: always, but for a replay buffer without `truncate_ok` whose `k * n`
+    items exceed its capacity (one `add` would refuse them; `k` adds of `n` keep
+    the newest `capacity`)."""
+    if buffer.config.kind != "replay" or buffer.config.truncate_ok:
+        return True
+    joined = jax.tree_util.tree_leaves(data)[0].shape[layout.steps_axis]
+    return joined <= buffer.config.capacity
 
 
 def single_add(buffer: Any) -> Callable[..., Any]:

@@ -53,7 +53,10 @@ class HostLoop:
       state, so `jaxbuf.save(path, loop.state, buffer)` saves every step given
       to `add`; leaving a `with HostLoop(...)` block (by an exception too)
       writes them; `flush()` writes them at once. A step that fails its checks
-      raises in `add` and is not staged; nothing staged before is touched.
+      raises in `add` and is not staged; nothing staged before is touched. A
+      call that fails (a learner's exception in a device callback, say) keeps
+      the steps it did not write staged: the next `add`, `flush` or `state`
+      writes them first.
     - **Priorities**: `set_priorities(indices, priorities)` (a block's `[k, B]`
       at once, or a batch's `[B]`) are staged and applied at the next call,
       before its steps are written, in the order given.
@@ -145,6 +148,8 @@ class HostLoop:
           B, ...]` in the loop's `output` format.
         """
         leaves = self._checked_leaves(step)
+        if self._staged == self.steps_per_call:  # the call that writes them failed: retry
+            self._write_stage(draw=False)
         for staged, leaf in zip(self._stage, leaves, strict=True):
             staged[self._staged] = leaf
         self._staged += 1
@@ -209,9 +214,7 @@ class HostLoop:
         if self._treedef is None:
             self._first_step(step, leaves, treedef)
         if treedef != self._treedef:
-            raise ValueError(
-                f"step has structure {treedef}, but the loop's steps have {self._treedef}."
-            )
+            raise ValueError(_structure_mismatch(step, self._treedef))
         for index, (staged, leaf) in enumerate(zip(self._stage, leaves, strict=True)):
             if staged.shape[1:] != leaf.shape or staged.dtype != leaf.dtype:
                 expected = f"{staged.dtype}{list(staged.shape[1:])}"
@@ -280,6 +283,32 @@ def _run(blocks: Blocks, state, key, steps, priorities, options, *, draw: bool):
     key, now = jax.random.split(key)
     state, block = blocks.draw(state, now, **options)
     return state, key, block
+
+
+def _structure_mismatch(step: PyTree, first: Any) -> str:
+    """Why `step` does not have the structure `first` of the loop's first step,
+    naming the first leaf that differs."""
+    names = [jax.tree_util.keystr(path) for path in _paths(step)]
+    wanted = [
+        jax.tree_util.keystr(path) for path in _paths(first.unflatten([0] * first.num_leaves))
+    ]
+    missing = [f"lacks step{name}" for name in wanted if name not in names]
+    extra = [
+        f"has step{name}, which the first step had not" for name in names if name not in wanted
+    ]
+    if missing or extra:
+        named = [*missing[:1], *extra[:1]]
+        more = len(missing) + len(extra) - len(named)
+        tail = f" ({more} more leaves differ)" if more else ""
+        return f"step {' and '.join(named)}{tail}: every step needs the loop's first step's leaves."
+    return (
+        f"step has the loop's leaves ({', '.join(names) or 'none'}) in other containers: "
+        f"{jax.tree.structure(step)}, but the loop's first step had {first}."
+    )
+
+
+def _paths(tree: PyTree) -> list[Any]:
+    return [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def _leaf_name(step: PyTree, index: int) -> str:

@@ -242,7 +242,14 @@ def bad_step(field, value):
          r"step\.reward: expected float32\[2\] like the loop's first step, got float64\[2\]"),
         (lambda loop: loop.add(bad_step("obs", np.zeros((N, 3), np.float32))), TypeError,
          r"step\.obs: expected float32\[2, 2\]"),
-        (lambda loop: loop.add({"obs": np.zeros(2)}), ValueError, "step has structure"),
+        (lambda loop: loop.add({"obs": np.zeros(2)}), ValueError,
+         r"step lacks step\.obs and has step\['obs'\], which the first step had not \(5 more"),
+        (lambda loop: loop.add(bad_step("next_obs", None)), ValueError,
+         r"step lacks step\.next_obs: every step needs the loop's first step's leaves"),
+        (lambda loop: loop.add(bad_step("obs", {"pixels": np.zeros((N, 2), np.float32)})),
+         ValueError, r"step lacks step\.obs and has step\.obs\['pixels'\]"),
+        (lambda loop: loop.add(bad_step("obs", [np.zeros((N, 2), np.float32)])),
+         ValueError, r"step lacks step\.obs and has step\.obs\[0\]"),
         (lambda loop: loop.set_priorities(np.zeros(2, int), np.zeros(2)), TypeError,
          "sampler=jaxbuf.prioritized"),
     ],
@@ -306,3 +313,87 @@ def test_partial_flushes_keep_every_step_in_order():
             single = add(single, step)
         chex.assert_trees_all_equal(loop.state, single)
         assert loop.staged == 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: jaxbuf.make_replay_buffer(8, 2),
+     lambda: jaxbuf.make_replay_buffer(8, 2, sampler=jaxbuf.prioritized()),
+     lambda: jaxbuf.make_replay_buffer(8, 2, sampler=jaxbuf.epochs()),
+     lambda: jaxbuf.vectorize(jaxbuf.make_replay_buffer(8, 2), 2)],
+    ids=["uniform", "prioritized", "epochs", "vectorized"],
+)  # fmt: skip
+def test_k_replay_steps_beyond_the_capacity_are_k_single_adds(make):
+    """k steps of n items with k * n over the capacity: the newest `capacity` items are kept,
+    as k single adds keep them, by blocks and by a HostLoop (which used to strand them)."""
+    buffer = make()
+    lead = (3,) if buffer.config.get("num_buffers") is None else (2, 3)
+    rng = np.random.default_rng(5)
+    steps = [random_data(rng, ITEM, lead) for _ in range(10)]
+    add, single = jax.jit(buffer.add), buffer.init(ITEM)
+    for step in steps:
+        single = add(single, step)
+    draws = buffer.config.sampler.kind != "epochs"  # an epoch's draws move its state on
+    loop = jaxbuf.HostLoop(buffer, buffer.init(ITEM), jax.random.key(0), steps_per_call=4,
+                           batches_per_call=None if draws else 0)  # fmt: skip
+    blocks = [loop.add(step) for step in steps]
+    assert [block is None for block in blocks] == [True, True, True, not draws] * 2 + [True] * 2
+    chex.assert_trees_all_equal(loop.state, single)
+    write = jax.jit(jaxbuf.blocks(buffer, 5).write)
+    stacked = (
+        jax.tree.map(lambda *x: np.stack(x), *steps[:5]),
+        jax.tree.map(lambda *x: np.stack(x), *steps[5:]),
+    )
+    chex.assert_trees_all_equal(write(write(buffer.init(ITEM), stacked[0]), stacked[1]), single)
+
+
+def test_a_failed_call_strands_nothing_and_the_next_add_writes_the_stage(monkeypatch):
+    buffer = jaxbuf.make_transition_buffer(N, 16, 4)
+    loop = jaxbuf.HostLoop(buffer, buffer.init(TRANSITION), jax.random.key(0), steps_per_call=4)
+    steps = transition_steps(np.random.default_rng(4), 9)
+    draw = loop._calls.draw
+
+    def fails_once(*args):
+        loop._calls.draw = draw
+        raise RuntimeError("the device failed")
+
+    loop._calls.draw = fails_once
+    for step in steps[:3]:
+        loop.add(step)
+    with pytest.raises(RuntimeError, match="the device failed"):
+        loop.add(steps[3])  # the call that writes 4 steps and draws fails
+    assert loop.staged == 4
+    for step in steps[4:]:  # the next add writes the stage, then stages its step
+        loop.add(step)
+    add, single = jax.jit(buffer.add_step), buffer.init(TRANSITION)
+    for step in steps:
+        single = add(single, step)
+    chex.assert_trees_all_equal(loop.state, single)
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 2])
+def test_a_partial_flush_that_fails_midway_keeps_the_unwritten_steps(fail_at):
+    buffer = jaxbuf.make_transition_buffer(N, 16, 4)
+    loop = jaxbuf.HostLoop(buffer, buffer.init(TRANSITION), jax.random.key(0), steps_per_call=4)
+    steps = transition_steps(np.random.default_rng(6), 6)
+    for step in steps[:3]:
+        loop.add(step)
+    one, calls = loop._calls.one, []
+
+    def fails(state, step):
+        calls.append(1)
+        if len(calls) == fail_at + 1:
+            raise RuntimeError("the device failed")
+        return one(state, step)
+
+    loop._calls.one = fails
+    with pytest.raises(RuntimeError, match="the device failed"):
+        loop.flush()
+    assert loop.staged == 3 - fail_at  # the written ones are gone from the stage, no more
+    loop._calls.one = one
+    for step in steps[3:]:
+        loop.add(step)
+    add, single = jax.jit(buffer.add_step), buffer.init(TRANSITION)
+    for step in steps:
+        single = add(single, step)
+    chex.assert_trees_all_equal(loop.state, single)
