@@ -327,3 +327,17 @@ def test_wide_search_finds_what_the_binary_search_finds(k):
         expected = [np.searchsorted(np.asarray(ends)[:n], a) for n, a in zip(size, at, strict=True)]
         np.testing.assert_array_equal(binary, expected)
         np.testing.assert_array_equal(wide, expected)
+
+
+def test_wide_search_reaches_past_the_last_end_of_every_ring_size():
+    """A full ring whose every end lies before the target: the answer is the ring's size for
+    every K from 1 to 40, at and around powers of two, and between them (a search narrower
+    than K stops short of it), and each rank in between is found too."""
+    around = [n + d for n in (64, 128, 256, 1024, 1 << 15) for d in (-1, 0, 1)]
+    for k in [*range(1, 41), *around, 100, 300, 1000, 5000, 1 << 16, 100_000]:
+        ends = jnp.arange(k, dtype=jnp.int32) * 2  # end of rank r at 2r
+        at = jnp.asarray([2 * k + 5, 2 * k - 2, 2 * k - 3, 0, -1, 2 * (k // 2) + 1], jnp.int32)
+        size = jnp.full(at.shape, k, jnp.int32)
+        expected = np.minimum(np.maximum((np.asarray(at) + 1) // 2, 0), k)
+        wide = _goals._wide_search(lambda rank, e=ends: e[rank], size, at, k)
+        np.testing.assert_array_equal(wide, expected, err_msg=f"K={k}")

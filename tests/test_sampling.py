@@ -72,3 +72,38 @@ def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
                 assert len(np.unique(np.asarray(got))) == count  # distinct
                 chains += int(np.sum(np.asarray(expected) != np.asarray(draws)))
     assert chains > 1000  # many collisions, not only the easy case
+
+
+def longest_chain(count: int, population: int) -> np.ndarray:
+    """Draws where step 1 repeats step 0's draw and every later step draws the top of the
+    step before it: every step from 1 on collides, each through a chain of pointers back to
+    step 1, the longest chains Floyd's steps can make."""
+    low = population - count
+    draws = np.zeros(count, np.int32)
+    draws[2:] = low + np.arange(1, count - 1)  # step j draws step j-1's top
+    return draws
+
+
+def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
+    """Every batch size from 1 to 20 and around powers of two to 2048, with the longest chains
+    (which need every round of doubling) and, for small batches, every possible draw."""
+    loop = jax.jit(_sampling._floyd_in_loop)
+    doubling = jax.jit(_sampling._floyd_by_doubling)
+    around = [n + d for n in (32, 64, 128, 256, 1024) for d in (-1, 0, 1)]
+    for count in [*range(1, 21), *around, 2048]:
+        for population in (count, count + 3):
+            tops = jnp.asarray(population - count + np.arange(count, dtype=np.int32))
+            draws = jnp.asarray(longest_chain(count, population))
+            expected = loop(draws, tops)
+            np.testing.assert_array_equal(doubling(jnp.int32(population), draws, tops), expected)
+            assert np.sum(np.asarray(expected) != np.asarray(draws)) == max(count - 1, 0)
+    all_loop = jax.jit(jax.vmap(_sampling._floyd_in_loop, in_axes=(0, None)))
+    all_doubling = jax.jit(jax.vmap(_sampling._floyd_by_doubling, in_axes=(None, 0, None)))
+    for count in range(1, 7):
+        for population in (count, count + 2):
+            tops = population - count + np.arange(count, dtype=np.int32)
+            grid = np.stack(np.meshgrid(*[np.arange(t + 1) for t in tops], indexing="ij"), -1)
+            draws = jnp.asarray(grid.reshape(-1, count), jnp.int32)
+            expected = all_loop(draws, jnp.asarray(tops))
+            got = all_doubling(jnp.int32(population), draws, jnp.asarray(tops))
+            np.testing.assert_array_equal(got, expected)
