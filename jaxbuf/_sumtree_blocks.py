@@ -2,14 +2,14 @@
 
 On a GPU or TPU every loop iteration is a kernel launch driven from the host,
 so the one-level-per-iteration loops that are fastest on a CPU are the slowest
-there. The heap layout of `_sumtree` makes every subtree level contiguous: the
+there. The heap layout of `_sumtree_nodes` makes every subtree level contiguous: the
 descendants of node `n` that lie `j` levels below it are the `2^j` nodes
 `n·2^j … n·2^j + 2^j − 1`. So both operations take `⌈D / LEVELS⌉` wide
 accesses for a tree of depth `D`, unrolled at trace time (no loop):
 
 - `find` gathers that block `[B, 2^j]` under the current node, rebuilds the
   pyramid of its `j` levels pairwise (each node `left + right`, bit for bit the
-  stored sums) and descends through it with `_sumtree`'s own rule, so it picks
+  stored sums) and descends through it with `_sumtree_nodes.descend`, so it picks
   the leaf the CPU path picks, on every platform;
 - `update` writes the leaves, then for each jump gathers the `2^j`-wide block of
   every touched ancestor and writes the whole pyramid above it in one scatter
@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _sumtree
+from jaxbuf import _sumtree_nodes
 
 # Levels per access: 5 (blocks of 32 sums) was the fastest of 4, 5 and 7 in the
 # prioritized step at capacity 1e6 on an H100 (../shared DESIGN-accelerators.md).
@@ -59,12 +59,12 @@ def _pick(level: jax.Array, position: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(hit, level, 0.0), axis=1)
 
 
-def find(tree: _sumtree.SumTreeState, fractions: jax.Array):
+def find(tree: _sumtree_nodes.SumTreeState, fractions: jax.Array):
     """`_sumtree.find`, `LEVELS` levels per gather; the same results bit for bit."""
-    sums, offset = tree.sums, _sumtree.leaf_offset(tree)
-    node, total, smallest = _sumtree.read_root(tree, fractions)
+    sums, offset = tree.sums, _sumtree_nodes.leaf_offset(tree)
+    node, total, smallest = _sumtree_nodes.read_root(tree, fractions)
     targets, value = fractions * total, total
-    for levels in jumps(_sumtree.depth(tree)):
+    for levels in jumps(_sumtree_nodes.depth(tree)):
         below = sums.at[_block(node, levels)].get(mode="promise_in_bounds")  # [B, 2^levels]
         pyramid = [below]
         while pyramid[0].shape[1] > 2:
@@ -72,26 +72,26 @@ def find(tree: _sumtree.SumTreeState, fractions: jax.Array):
         position = jnp.zeros_like(node)
         for level in pyramid:  # [B, 2], [B, 4], ... below the current node
             left, right = _pick(level, 2 * position), _pick(level, 2 * position + 1)
-            node, targets, value = _sumtree.descend(node, targets, left, right)
+            node, targets, value = _sumtree_nodes.descend(node, targets, left, right)
             position = 2 * position + node % 2
     return node - offset, value, total, smallest
 
 
-def update(tree: _sumtree.SumTreeState, indices, values, keep, *, unique: bool):
+def update(tree: _sumtree_nodes.SumTreeState, indices, values, keep, *, unique: bool):
     """`_sumtree.update`'s accelerator method: no loop, the same state bit for bit."""
     if not unique:
         marked = jnp.where(keep, indices, -1 - jnp.arange(keep.shape[0]))
-        keep = keep & _sumtree.last_occurrence(marked)
-    size, offset = tree.sums.shape[0], _sumtree.leaf_offset(tree)
+        keep = keep & _sumtree_nodes.last_occurrence(marked)
+    size, offset = tree.sums.shape[0], _sumtree_nodes.leaf_offset(tree)
     rows = jnp.where(keep, indices + offset, size)  # out of bounds: the write is dropped
     sums = tree.sums.at[rows].set(values, mode="drop")
-    minima = tree.minima.at[rows].set(_sumtree.positive_or_inf(values), mode="drop")
+    minima = tree.minima.at[rows].set(_sumtree_nodes.positive_or_inf(values), mode="drop")
     node = jnp.where(keep, rows, offset)  # a skipped entry recomputes leaf 0's unchanged path
-    for levels in reversed(jumps(_sumtree.depth(tree))):
+    for levels in reversed(jumps(_sumtree_nodes.depth(tree))):
         node = node >> levels
         sums = _write_pyramid(sums, node, levels, jnp.add)
         minima = _write_pyramid(minima, node, levels, jnp.minimum)
-    return _sumtree.with_minimum(sums, minima)
+    return _sumtree_nodes.with_minimum(sums, minima)
 
 
 def _write_pyramid(nodes: jax.Array, ancestors: jax.Array, levels: int, combine) -> jax.Array:
