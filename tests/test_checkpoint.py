@@ -1,6 +1,7 @@
 """Checkpoints: flax serialization, save/restore, atomicity, mismatches, Orbax."""
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -158,7 +159,7 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
 def test_a_resumed_training_loop_continues_identically(tmp_path):
     buffer = jaxbuf.make_replay_buffer(50, 16)
 
-    @jax.jit(static_argnums=2)
+    @functools.partial(jax.jit, static_argnums=2)
     def run(state, key, steps):
         def body(carry, k):
             state, total = carry

@@ -117,6 +117,8 @@ def dqn_training():
 
 
 def test_a_dqn_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path):
+    # gymnax 1.0 (steps with `truncated`) needs jax 0.6: absent where CI tests jax 0.5.0
+    pytest.importorskip("gymnax", minversion="1.0")
     init, train_chunk = dqn_training()
     with jax.numpy_dtype_promotion("standard"):  # optax mixes int32 counts and floats
         runner, _ = train_chunk(init(jax.random.key(0)))  # learning has begun
