@@ -16,6 +16,7 @@ from jaxbuf._episode import EpisodeRecords, make_episode_buffer
 from jaxbuf._export import export, read_export, stored_items, to_torch
 from jaxbuf._goals import Hindsight, hindsight
 from jaxbuf._host_loop import HostLoop
+from jaxbuf._memory import MemoryReport, memory
 from jaxbuf._mix import mix
 from jaxbuf._prefill import Environment, gymnax_env, prefill
 from jaxbuf._queue import Queue, QueueState, make_queue
@@ -69,6 +70,7 @@ __all__ = [
     "Hindsight",
     "HostLoop",
     "InitFn",
+    "MemoryReport",
     "PriorityState",
     "Queue",
     "QueueState",
@@ -102,6 +104,7 @@ __all__ = [
     "make_rollout_buffer",
     "make_trajectory_buffer",
     "make_transition_buffer",
+    "memory",
     "mix",
     "n_step_returns",
     "per_shard",

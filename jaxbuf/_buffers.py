@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _storage, _validation
+from jaxbuf import _memory, _storage, _validation
 from jaxbuf._goals import Relabeling
 from jaxbuf._samplers import Changes, Drawn, Sampler
 from jaxbuf._types import Buffer, Config, PyTree, Sample
@@ -64,7 +64,12 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
       capacity, ...]`, counters `position`, `size`, `added`, the kind's `side`
       records and the `sampler`'s state.
     """
-    return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
+
+    def allocate(example: PyTree) -> Any:
+        return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
+
+    _memory.check_fits(jax.eval_shape(allocate, example), example)
+    return allocate(example)
 
 
 def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree, *,

@@ -1,0 +1,118 @@
+"""A buffer's memory before it is allocated: bytes per leaf, per stored step, and
+whether they fit the device.
+
+`memory(buffer, example)` traces `init` without allocating (`jax.eval_shape`)
+and reports every leaf of the state. Every `init` checks the same total against
+the memory of the device it would land on, and refuses, before allocating,
+a state that cannot fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxbuf._types import PyTree
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """The bytes of a buffer's state.
+
+    Attributes:
+      leaves: bytes of every state leaf, by path (`.experience['obs']`, ...).
+      total: their sum.
+      stored_steps: the item (or step) slots of the storage: `capacity`, or
+        `num_envs * capacity`, times `num_buffers` for a vectorized buffer.
+    """
+
+    leaves: dict[str, int]
+    total: int
+    stored_steps: int
+
+    @property
+    def per_stored_step(self) -> float:
+        """`total / stored_steps`: what one stored step costs, side records included."""
+        return self.total / max(self.stored_steps, 1)
+
+    def __str__(self) -> str:
+        rows = [f"{name}: {size:,} bytes" for name, size in self.leaves.items()]
+        return "\n".join([*rows, f"total: {self.total:,} bytes, {self.stored_steps:,} stored "
+                          f"steps, {self.per_stored_step:,.1f} bytes per stored step"])  # fmt: skip
+
+
+def memory(buffer: Any, example: PyTree) -> MemoryReport:
+    """The bytes `buffer.init(example)` would allocate, per leaf and per stored
+    step, computed without allocating anything.
+
+    Args:
+      buffer: a sampled buffer (any `make_*_buffer`, `vectorize`d or not).
+      example: what `buffer.init` takes.
+
+    Returns:
+      A `MemoryReport`.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> buffer = jaxbuf.make_replay_buffer(capacity=1000, sample_batch_size=32)
+      >>> report = jaxbuf.memory(buffer, {"obs": jnp.zeros(4), "action": jnp.int32(0)})
+      >>> report.leaves[".experience['obs']"], report.stored_steps, report.per_stored_step
+      (16000, 1000, 20.012)
+    """
+    state = jax.eval_shape(buffer.init, example)
+    return report(state, example)
+
+
+def report(state: Any, example: PyTree) -> MemoryReport:
+    """The `MemoryReport` of a state's shapes (`jax.eval_shape` of `init`)."""
+    leaves = {
+        jax.tree_util.keystr(path): math.prod(leaf.shape) * leaf.dtype.itemsize
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+    }
+    # every item leaf is stored behind the same leading axes: the fewest dimensions
+    # of a stored leaf less the fewest of an item leaf is their number
+    stored = min(jax.tree.leaves(state.experience), key=lambda leaf: leaf.ndim)
+    leading = stored.ndim - min(np.ndim(leaf) for leaf in jax.tree.leaves(example))
+    stored_steps = math.prod(stored.shape[:leading])
+    return MemoryReport(leaves=leaves, total=sum(leaves.values()), stored_steps=stored_steps)
+
+
+def device_free_bytes(device: Any = None) -> int | None:
+    """The bytes a new allocation can take on `device` (default: JAX's default
+    device): its allocator's limit less what is in use (GPU, TPU), or the
+    machine's physical memory for a CPU; None where neither is known."""
+    device = jax.devices()[0] if device is None else device
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without memory statistics raise various errors
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    if device.platform == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def check_fits(state: Any, example: PyTree) -> None:
+    """Raises a `ValueError` (before anything is allocated) if the state of these
+    shapes cannot fit the default device's free memory."""
+    needed = report(state, example)
+    free = device_free_bytes()
+    if free is None or needed.total <= free:
+        return
+    largest = max(needed.leaves, key=needed.leaves.__getitem__)
+    raise ValueError(
+        f"the buffer's state needs {needed.total / GIB:.2f} GiB ({needed.per_stored_step:,.0f} "
+        f"bytes per stored step over {needed.stored_steps:,} steps; the largest leaf, "
+        f"{largest}, {needed.leaves[largest] / GIB:.2f} GiB), but {jax.devices()[0]} has "
+        f"{free / GIB:.2f} GiB free. Lower the capacity, store observations once (the "
+        "transition buffer) or in fewer bytes, or place the buffer on the host; "
+        "jaxbuf.memory(buffer, example) reports every leaf. Nothing was allocated."
+    )

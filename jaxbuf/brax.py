@@ -1,0 +1,262 @@
+"""Brax's replay-buffer interface over jaxbuf storage, for Brax's and MuJoCo Playground's SAC.
+
+Brax's `sac.train` builds a `UniformSamplingQueue`: every transition flattened
+into one float32 row, `next_observation` stored beside `observation`, and, once
+full, the whole buffer rolled at every insert (O(capacity)). `BraxReplay` has
+the same interface (`init(key)`, `insert`, `sample -> (state, batch)`, `size`,
+`insert_internal`, `sample_internal`, the `check_can_*` hooks that Brax's
+`PmapWrapper` calls) over per-environment time rings:
+
+- **observations stored once.** Brax's actor step gives, per environment,
+  `next_observation[t] == observation[t + 1]`: its auto-reset wrapper puts the
+  reset observation in both. So row `t` of an environment's ring holds
+  everything but `next_observation`, which a sample reads from row `t + 1`
+  (for the newest step, from the one `next_observation` kept per environment).
+  Should a wrapper break that equality, `state.mismatched` counts the steps
+  whose stored next observation differs from the one given.
+- **each leaf in its own dtype** (uint8 pixels stay uint8), checked at every
+  insert like any jaxbuf `add`, naming the leaf.
+- **no O(capacity) work**: a full ring overwrites its oldest step in place.
+
+Sampling is Brax's: `sample_batch_size` transitions drawn uniformly with
+replacement among all stored ones, the newest included, with the key kept in
+the state. Memory per stored transition: one step without `next_observation`.
+
+`use_in_brax(num_envs=...)` hands it to `sac.train`, which builds its buffer
+inside the function (it takes no buffer argument): within the `with` block,
+`brax.training.replay_buffers.UniformSamplingQueue` is this class.
+
+Examples:
+  >>> import jax, jax.numpy as jnp, jaxbuf.brax
+  >>> from typing import NamedTuple
+  >>> class Transition(NamedTuple):  # Brax's brax.training.types.Transition
+  ...     observation: jax.Array
+  ...     action: jax.Array
+  ...     reward: jax.Array
+  ...     discount: jax.Array
+  ...     next_observation: jax.Array
+  ...     extras: dict = ()
+  >>> dummy = Transition(jnp.zeros(3), jnp.zeros(2), 0.0, 0.0, jnp.zeros(3),
+  ...                    {"state_extras": {"truncation": 0.0}, "policy_extras": {}})
+  >>> replay = jaxbuf.brax.BraxReplay(1000, dummy, 8, num_envs=4)
+  >>> state = replay.init(jax.random.key(0))
+  >>> step = jax.tree.map(lambda x: jnp.ones((4, *jnp.shape(x)), jnp.float32), dummy)
+  >>> state = replay.insert(state, step)
+  >>> state, batch = replay.sample(state)
+  >>> batch.next_observation.shape, int(replay.size(state)), replay.capacity_per_env
+  ((8, 3), 4, 250)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuf import _sampling, _storage, _validation
+from jaxbuf._storage import TimeRingState
+from jaxbuf._types import PyTree
+
+NEXT = "next_observation"
+
+
+class BraxReplayState(struct.PyTreeNode):
+    """A `BraxReplay`'s state.
+
+    Attributes:
+      steps: per-environment time rings of the transitions without
+        `next_observation`, leaves `[num_envs, capacity_per_env, ...]`.
+      next_observation: the newest step's `next_observation` per environment,
+        leaves `[num_envs, *observation]`.
+      key: the PRNG key sampling splits, as in Brax's queue.
+      mismatched: int32, the stored steps whose next observation (the next
+        step's observation) differed from the `next_observation` given; 0
+        with Brax's auto-reset wrapper.
+    """
+
+    steps: TimeRingState
+    next_observation: PyTree
+    key: jax.Array
+    mismatched: jax.Array
+
+
+class BraxReplay:
+    """Brax's `UniformSamplingQueue` interface, observations stored once (see the
+    module docstring).
+
+    Args:
+      max_replay_size: the transitions stored (per device, as Brax passes it);
+        each environment's ring holds `ceil(max_replay_size / num_envs)` steps
+        (per device), so at least as many are kept as Brax's queue keeps.
+      dummy_data_sample: one unbatched Brax `Transition` (a NamedTuple with
+        `observation` and `next_observation` of the same structure, shapes and
+        dtypes), as `sac.train` builds it; Python scalars are float32/int32.
+      sample_batch_size: transitions per `sample`.
+      num_envs: the environments of every `insert` (all devices together, as
+        given to `sac.train`); each of `jax.device_count()` devices holds
+        `num_envs / devices`.
+    """
+
+    def __init__(self, max_replay_size: int, dummy_data_sample: Any, sample_batch_size: int,
+                 *, num_envs: int):  # fmt: skip
+        devices = jax.device_count()
+        num_envs = _validation.check_int("num_envs", num_envs)
+        if num_envs % devices:
+            raise ValueError(f"num_envs={num_envs} must divide evenly over {devices} devices.")
+        self.num_envs = num_envs // devices
+        self.spec, self.template = _item_spec(dummy_data_sample)
+        size = _validation.check_int("max_replay_size", max_replay_size)
+        self.capacity_per_env = math.ceil(size / self.num_envs)
+        self.sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
+
+    def init(self, key: jax.Array) -> BraxReplayState:
+        """An empty state holding `key`."""
+        experience = _storage.allocate(self.spec, self.num_envs, self.capacity_per_env)
+        observation = self.spec["observation"]
+        pending = _storage.allocate(observation, self.num_envs)
+        return BraxReplayState(TimeRingState(experience=experience, **_storage.counters()),
+                               pending, key, jnp.zeros((), jnp.int32))  # fmt: skip
+
+    def check_can_insert(self, buffer_state: Any, samples: Any, shards: int) -> None:
+        """Brax's hook before an insert: nothing to check (a full ring overwrites)."""
+
+    def check_can_sample(self, buffer_state: Any, shards: int) -> None:
+        """Brax's hook before a sample: nothing to check (Brax prefills first)."""
+
+    def insert(self, buffer_state: BraxReplayState, samples: Any) -> BraxReplayState:
+        """Writes one step of every environment (leaves `[num_envs, ...]`)."""
+        return self.insert_internal(buffer_state, samples)
+
+    def sample(self, buffer_state: BraxReplayState) -> tuple[BraxReplayState, Any]:
+        """`(state, batch)`: `sample_batch_size` transitions, uniformly with replacement."""
+        return self.sample_internal(buffer_state)
+
+    def insert_internal(self, buffer_state: BraxReplayState, samples: Any) -> BraxReplayState:
+        """`insert`, as Brax's `PmapWrapper` calls it on each device."""
+        stored, given_next = _split(samples, self.template)
+        _validation.check_batch(self.spec, stored, [("num_envs", self.num_envs)], "samples")
+        spec = self.spec["observation"]
+        _validation.check_batch(spec, given_next, [("num_envs", self.num_envs)],
+                                f"samples.{NEXT}")  # fmt: skip
+        return _insert(buffer_state, stored, jax.tree.map(jnp.asarray, given_next))
+
+    def sample_internal(self, buffer_state: BraxReplayState) -> tuple[BraxReplayState, Any]:
+        """`sample`, as Brax's `PmapWrapper` calls it on each device."""
+        key, now = jax.random.split(buffer_state.key)
+        stored, following = _draw(buffer_state, now, self.sample_batch_size)
+        return buffer_state.replace(key=key), _join(stored, following, self.template)
+
+    def size(self, buffer_state: BraxReplayState) -> jax.Array:
+        """The transitions stored, all of them drawable (int32)."""
+        return buffer_state.steps.size * self.num_envs
+
+    def bytes_per_transition(self) -> int:
+        """Bytes of storage per stored transition: one step without `next_observation`."""
+        return sum(math.prod(leaf.shape) * leaf.dtype.itemsize
+                   for leaf in jax.tree.leaves(self.spec))  # fmt: skip
+
+
+@contextlib.contextmanager
+def use_in_brax(*, num_envs: int) -> Iterator[None]:
+    """Within the block, Brax's trainers build a `BraxReplay` where they build a
+    `UniformSamplingQueue` (Brax's SAC and MuJoCo Playground's, which calls it).
+
+    Args:
+      num_envs: what you pass to `sac.train` as `num_envs`.
+
+    Examples:
+      A Brax user changes two lines::
+
+          import jaxbuf.brax
+          with jaxbuf.brax.use_in_brax(num_envs=64):
+              make_policy, params, metrics = sac.train(environment=env, num_envs=64, ...)
+    """
+    from brax.training import replay_buffers
+
+    _validation.check_int("num_envs", num_envs)
+    original = replay_buffers.UniformSamplingQueue
+    replay_buffers.UniformSamplingQueue = functools.partial(BraxReplay, num_envs=num_envs)
+    try:
+        yield
+    finally:
+        replay_buffers.UniformSamplingQueue = original
+
+
+def _item_spec(dummy: Any) -> tuple[dict[str, Any], Any]:
+    """The spec of what is stored (every field but `next_observation`, Python scalars
+    as float32/int32) and the Transition type's template."""
+    fields = getattr(dummy, "_fields", ())
+    if "observation" not in fields or NEXT not in fields:
+        raise TypeError(
+            "dummy_data_sample must be a Brax Transition (a NamedTuple with observation and "
+            f"next_observation), got {type(dummy).__name__}."
+        )
+    stored = {name: getattr(dummy, name) for name in fields if name != NEXT}
+    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)), stored)
+    next_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)),
+                             getattr(dummy, NEXT))  # fmt: skip
+    if next_spec != spec["observation"]:
+        raise ValueError(
+            f"dummy_data_sample.{NEXT} must have observation's structure, shapes and dtypes "
+            f"(it is stored once): got {next_spec} and {spec['observation']}."
+        )
+    return spec, dummy
+
+
+def _dtype(leaf: Any) -> np.dtype:
+    """A leaf's dtype as a jitted step gives it (a Python float is float32)."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.result_type(type(leaf))
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _split(samples: Any, template: Any) -> tuple[dict[str, Any], Any]:
+    if type(samples) is not type(template):
+        raise TypeError(
+            f"samples must be a {type(template).__name__} like dummy_data_sample, got "
+            f"{type(samples).__name__}."
+        )
+    stored = {name: getattr(samples, name) for name in samples._fields if name != NEXT}
+    return stored, getattr(samples, NEXT)
+
+
+def _join(stored: dict[str, Any], following: Any, template: Any) -> Any:
+    return type(template)(**stored, **{NEXT: following})
+
+
+def _insert(state: BraxReplayState, stored: PyTree, given_next: PyTree) -> BraxReplayState:
+    """Appends one step per environment; counts a previous step whose given next
+    observation differs from this step's observation."""
+    differs = jax.tree.leaves(jax.tree.map(
+        lambda a, b: jnp.any((a != b).reshape(a.shape[0], -1), axis=1),
+        state.next_observation, stored["observation"]))  # fmt: skip
+    differs = functools.reduce(jnp.logical_or, differs) & (state.steps.size > 0)
+    mismatched = _validation.count_up(state.mismatched, jnp.sum(differs, dtype=jnp.int32))
+    steps = _storage.append_steps(state.steps, jax.tree.map(lambda x: x[:, None], stored))
+    return state.replace(steps=steps, next_observation=given_next, mismatched=mismatched)
+
+
+def _draw(state: BraxReplayState, key: jax.Array, count: int) -> tuple[PyTree, PyTree]:
+    """`count` stored steps drawn uniformly with replacement, and each one's next
+    observation (the next row's, or the newest step's kept one)."""
+    steps = state.steps
+    num_envs, capacity = jax.tree.leaves(steps.experience)[0].shape[:2]
+    size = steps.size
+    draws = _sampling.uniform_indices(key, size * num_envs, count)
+    env, age = draws // jnp.maximum(size, 1), draws % jnp.maximum(size, 1)
+    row = (steps.position - size + age) % capacity
+    stored = _storage.read(steps.experience, env, row)
+    newest = age == size - 1
+    after = _storage.read(steps.experience["observation"], env, (row + 1) % capacity)
+    kept = _storage.read(state.next_observation, env)
+
+    def choose(a, b):
+        return jnp.where(newest.reshape(-1, *[1] * (a.ndim - 1)), a, b)
+
+    return stored, jax.tree.map(choose, kept, after)
