@@ -31,6 +31,15 @@ class MemoryReport:
       total: their sum.
       stored_steps: the item (or step) slots of the storage: `capacity`, or
         `num_envs * capacity`, times `num_buffers` for a vectorized buffer.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxbuf
+      >>> step = jaxbuf.Transition(jnp.zeros(64), jnp.int32(0), jnp.float32(0),
+      ...     jnp.bool_(False), jnp.bool_(False), jnp.zeros(64))
+      >>> buffer = jaxbuf.make_transition_buffer(4, 1000, 32, min_episode_length=100)
+      >>> report = jaxbuf.memory(buffer, step)
+      >>> report.stored_steps, round(report.per_stored_step / step.obs.nbytes, 3)
+      (4000, 1.053)
     """
 
     leaves: dict[str, int]

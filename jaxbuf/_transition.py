@@ -374,11 +374,14 @@ def make_transition_buffer(
     flags and a 1-4 byte side-ring slot) plus `K = ceil(capacity /
     min_episode_length)` final observations, i.e. about `1 + 1 / min_episode_length`
     observations per stored step, where a buffer of full transitions keeps 2.
-    With the default `min_episode_length=1` nothing is ever lost; set it to a
-    length no episode goes below to save the memory. If episodes are shorter, the
-    oldest final observations are overwritten first and the steps that would need
-    them are no longer sampled (`state.side.stale` counts them): the buffer holds
-    fewer usable steps, never wrong ones.
+    With the default `min_episode_length=1` nothing is ever lost, at 2
+    observations per stored step; **set it to a length few episodes go below**
+    (100 for episodes of hundreds of steps) to hold about 1.01. If episodes are
+    shorter, the oldest final observations are overwritten first and the steps
+    that would need them are no longer sampled (`state.side.stale` counts them
+    per environment): the buffer holds fewer usable steps, never wrong ones.
+    `jaxbuf.memory(buffer, example)` gives the bytes per stored step before
+    anything is allocated.
 
     Args:
       num_envs: environments stepped together.

@@ -143,14 +143,19 @@ def train_sac(use_jaxbuf: bool, seed: int):
         discounting=0.97,
         progress_fn=lambda step, m: evals.append(float(m["eval/episode_reward"])),
     )
-    if use_jaxbuf:
-        with jaxbuf.brax.use_in_brax(num_envs=64):
+    # Brax's code relies on JAX's default promotions, which conftest.py makes strict
+    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+        if use_jaxbuf:
+            with jaxbuf.brax.use_in_brax(num_envs=64):
+                sac.train(**config)
+        else:
             sac.train(**config)
-    else:
-        sac.train(**config)
     return evals
 
 
+# Brax warns about itself (unmaintained pipelines, JAX's deprecations of what it calls)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning",
+                            "ignore::FutureWarning")  # fmt: skip
 def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
     """Brax's own SAC, 30k steps on inverted_pendulum (the queue fills at 20k and rolls
     after): from the same 30 at the start, jaxbuf and Brax's queue both pass 150, within
