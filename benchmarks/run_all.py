@@ -29,6 +29,7 @@ SCRIPTS = (
     "bench_replay",
     "bench_trajectory",
     "bench_transition",
+    "bench_scale",  # Brax/Playground scale; its Brax parts need brax (JAX <= 0.9)
     "bench_prioritized",
     "bench_gae",
     "bench_sharding",
@@ -46,7 +47,7 @@ SETS = {
     "all": SCRIPTS,
     "accelerator": (
         "bench_replay", "bench_trajectory", "bench_transition", "bench_prioritized",
-        "bench_gae", "bench_options", "bench_agents", "bench_hostloop",
+        "bench_gae", "bench_options", "bench_agents", "bench_hostloop", "bench_scale",
     ),
 }  # fmt: skip
 

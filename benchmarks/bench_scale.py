@@ -1,0 +1,282 @@
+"""At the scale of Brax and MuJoCo Playground: thousands of environments, batches of 8k-32k.
+
+A jitted, donated `lax.scan` of (add one step of E environments + sample B
+transitions) on a FULL buffer of `E * 256` transitions (256 steps per
+environment; Brax's queue then rolls at every insert), observations float32[D],
+actions float32[8], rewards and done flags. Variants, taking turns in every
+timed round of one process:
+
+- `jaxbuf replay`: `make_replay_buffer` of full transitions (obs and next_obs);
+- `jaxbuf transition n=1`, `n=3`: `make_transition_buffer`, observations once
+  (`min_episode_length=100`), and `prioritized` n=1;
+- `jaxbuf brax`: `jaxbuf.brax.BraxReplay`, Brax's interface, observations once;
+- `flashbax flat`, `flashbax prioritised flat`: Flashbax's flat buffers (pairs
+  of consecutive steps; no true final observation);
+- `brax queue`: Brax's `UniformSamplingQueue` (one float32 row per transition,
+  next observation stored twice).
+
+Time per step (median and fastest of the rounds) and bytes of the whole state
+per stored transition. Configurations over `--max-gib` of state are skipped.
+
+`--sac`: Brax's own SAC (`inverted_pendulum`, positional backend, 64 envs,
+batch 256, 8 updates per step) with `jaxbuf.brax` and with Brax's queue, once
+with a queue that never fills (1M) and once full from the start (8192):
+steps per second between the last two evaluations (compiled by then) and the
+buffer's bytes.
+
+Needs brax and flashbax (Brax 0.14 runs on JAX <= 0.9). Run:
+`python benchmarks/bench_scale.py [--quick] [--sac] [--out benchmarks/results]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+from common import interleaved_times, run_scan, write_results
+
+import jaxbuf
+import jaxbuf.brax
+
+STEPS_PER_ENV, ACTION = 256, 8
+
+
+def nbytes(state) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def step_data(base: jax.Array, t: jax.Array) -> dict:
+    """One step of every environment: cheap to make (a shift of fixed noise), ends every
+    100 steps per environment, staggered."""
+    envs = base.shape[0]
+    done = (jnp.arange(envs) + t) % 100 == 99
+    return {"obs": base + t.astype(jnp.float32), "action": base[:, :ACTION],
+            "reward": base[:, 0], "done": done}  # fmt: skip
+
+
+def jaxbuf_transition(envs, batch, obs_dim, **options):
+    buffer = jaxbuf.make_transition_buffer(envs, STEPS_PER_ENV, batch, min_episode_length=100,
+                                           **options)  # fmt: skip
+    example = jaxbuf.Transition(jnp.zeros(obs_dim), jnp.zeros(ACTION), jnp.float32(0),
+                                jnp.bool_(False), jnp.bool_(False), jnp.zeros(obs_dim))  # fmt: skip
+
+    def add(state, d):
+        step = jaxbuf.Transition(d["obs"], d["action"], d["reward"], d["done"] & False,
+                                 d["done"], d["obs"] + 1)  # fmt: skip
+        return buffer.add_step(state, step)
+
+    def sample(state, key):
+        t = buffer.sample(state, key).experience
+        return t.obs.sum() + t.next_obs.sum() + t.reward.sum()
+
+    return buffer.init(example), add, sample
+
+
+def jaxbuf_replay(envs, batch, obs_dim):
+    buffer = jaxbuf.make_replay_buffer(envs * STEPS_PER_ENV, batch)
+    example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(ACTION), "reward": jnp.float32(0),
+               "done": jnp.bool_(False), "next_obs": jnp.zeros(obs_dim)}  # fmt: skip
+
+    def add(state, d):
+        return buffer.add(state, {**d, "next_obs": d["obs"] + 1})
+
+    def sample(state, key):
+        t = buffer.sample(state, key).experience
+        return t["obs"].sum() + t["next_obs"].sum() + t["reward"].sum()
+
+    return buffer.init(example), add, sample
+
+
+def brax_transition(obs_dim):
+    from brax.training.types import Transition
+
+    obs = jnp.zeros(obs_dim)
+    return Transition(obs, jnp.zeros(ACTION), 0.0, 0.0, obs,
+                      {"state_extras": {"truncation": 0.0}, "policy_extras": {}})  # fmt: skip
+
+
+def brax_like(queue, obs_dim):
+    def add(state, d):
+        step = brax_transition(obs_dim)._replace(
+            observation=d["obs"], action=d["action"], reward=d["reward"],
+            discount=1.0 - d["done"].astype(jnp.float32), next_observation=d["obs"] + 1,
+            extras={"state_extras": {"truncation": d["reward"] * 0}, "policy_extras": {}},
+        )  # fmt: skip
+        return queue.insert_internal(state, step)
+
+    def sample(state, key):
+        state, t = queue.sample_internal(state)
+        return t.observation.sum() + t.next_observation.sum() + t.reward.sum()
+
+    return queue.init(jax.random.key(0)), add, sample
+
+
+def brax_queue(envs, batch, obs_dim):
+    from brax.training import replay_buffers
+
+    queue = replay_buffers.UniformSamplingQueue(envs * STEPS_PER_ENV, brax_transition(obs_dim),
+                                                batch)  # fmt: skip
+    return brax_like(queue, obs_dim)
+
+
+def jaxbuf_brax(envs, batch, obs_dim):
+    replay = jaxbuf.brax.BraxReplay(envs * STEPS_PER_ENV, brax_transition(obs_dim), batch,
+                                    num_envs=envs)  # fmt: skip
+    return brax_like(replay, obs_dim)
+
+
+def flashbax_flat(envs, batch, obs_dim, prioritised=False):
+    import flashbax as fbx
+
+    make = fbx.make_prioritised_flat_buffer if prioritised else fbx.make_flat_buffer
+    options = {"device": jax.default_backend()} if prioritised else {}
+    buffer = make(max_length=envs * STEPS_PER_ENV, min_length=batch, sample_batch_size=batch,
+                  add_batch_size=envs, **options)  # fmt: skip
+    example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(ACTION), "reward": jnp.float32(0),
+               "done": jnp.bool_(False)}  # fmt: skip
+
+    def sample(state, key):
+        t = buffer.sample(state, key).experience
+        return t.first["obs"].sum() + t.second["obs"].sum() + t.first["reward"].sum()
+
+    return buffer.init(example), buffer.add, sample
+
+
+VARIANTS = {
+    "jaxbuf replay": jaxbuf_replay,
+    "jaxbuf transition n=1": jaxbuf_transition,
+    "jaxbuf transition n=3": lambda e, b, d: jaxbuf_transition(e, b, d, n_step=3),
+    "jaxbuf prioritized transition": lambda e, b, d: jaxbuf_transition(
+        e, b, d, sampler=jaxbuf.prioritized()),
+    "jaxbuf brax": jaxbuf_brax,
+    "flashbax flat": flashbax_flat,
+    "flashbax prioritised flat": lambda e, b, d: flashbax_flat(e, b, d, prioritised=True),
+    "brax queue": brax_queue,
+}  # fmt: skip
+
+
+def available() -> dict:
+    """The variants whose libraries are installed (Brax needs JAX <= 0.9)."""
+    import importlib.util
+
+    missing = [name for name in ("brax", "flashbax") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"not installed, left out: {', '.join(missing)}")
+    return {name: make for name, make in VARIANTS.items()
+            if not any(lib in name for lib in missing)}  # fmt: skip
+
+
+def filled(state, add, base):
+    """The state after `STEPS_PER_ENV` steps: full."""
+
+    def fill(state):
+        return jax.lax.fori_loop(0, STEPS_PER_ENV, lambda t, s: add(s, step_data(base, t)), state)
+
+    return jax.jit(fill, donate_argnums=0)(state)
+
+
+def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> list[dict]:
+    base = jax.random.normal(jax.random.key(1), (envs, obs_dim))
+    cases, sizes = {}, {}
+    for name, make in available().items():
+        state, add, sample = make(envs, batch, obs_dim)
+        state = filled(state, add, base)
+        sizes[name] = nbytes(state) / (envs * STEPS_PER_ENV)
+
+        def body(carry, t, add=add, sample=sample):
+            state, total = carry
+            state = add(state, step_data(base, t + STEPS_PER_ENV))
+            return (state, total + sample(state, jax.random.fold_in(jax.random.key(2), t))), None
+
+        times = jnp.arange(length, dtype=jnp.int32)
+        cases[name] = (run_scan(body, (state, jnp.float32(0)), times), 1)
+    timed = interleaved_times(cases, repeats)
+    flat = timed["flashbax flat"][0] if "flashbax flat" in timed else float("nan")
+    return [{"envs": envs, "batch": batch, "obs": obs_dim, "variant": name,
+             "us_per_step": median / length * 1e6, "fastest_us": fastest / length * 1e6,
+             "vs_flashbax": median / flat, "bytes_per_step": sizes[name]}
+            for name, (median, fastest) in timed.items()]  # fmt: skip
+
+
+def sac_run(use_jaxbuf: bool, max_replay_size: int, steps: int) -> dict:
+    from brax import envs
+    from brax.training.agents.sac import train as sac
+
+    metrics, clock = [], []
+    config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
+                  num_timesteps=steps, episode_length=1000, num_envs=64, batch_size=256,
+                  grad_updates_per_step=8, max_replay_size=max_replay_size,
+                  min_replay_size=2048, num_evals=3, num_eval_envs=16, seed=0,
+                  learning_rate=6e-4, discounting=0.97,
+                  progress_fn=lambda step, m: (metrics.append(m),
+                                               clock.append((step, time.perf_counter()))))  # fmt: skip
+    if use_jaxbuf:
+        with jaxbuf.brax.use_in_brax(num_envs=64):
+            sac.train(**config)
+    else:
+        sac.train(**config)
+    # steps/s between the last two evaluations: compiled already, an evaluation included
+    (first, start), (last, end) = clock[-2], clock[-1]
+    return {"sps": (last - first) / (end - start),
+            "return": float(metrics[-1]["eval/episode_reward"])}  # fmt: skip
+
+
+def measure_sac(steps: int) -> list[dict]:
+    rows = []
+    dummy = brax_transition(4)  # inverted_pendulum: 4 observations, 1 action
+    dummy = dummy._replace(action=jnp.zeros(1))
+    for label, size in [("queue not full (1M)", 1_048_576), ("queue full (8192)", 8192)]:
+        for use in (True, False):
+            result = sac_run(use, size, steps)
+            per = (jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=64).bytes_per_transition()
+                   if use else 4 * (4 + 1 + 1 + 1 + 4 + 1))  # fmt: skip
+            rows.append({"case": label, "buffer": "jaxbuf.brax" if use else "brax queue",
+                         **result, "buffer_mib": per * size / 2**20})  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (about 5 minutes)")
+    parser.add_argument("--sac", action="store_true", help="also Brax's SAC end to end")
+    parser.add_argument("--max-gib", type=float, default=4.0)
+    parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
+    parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
+    parser.add_argument("--obs", type=int, nargs="+", default=[64, 512, 2048])
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    grid = (
+        [(128, 512, 64), (512, 8192, 128)]
+        if args.quick
+        else list(itertools.product((128, 1024, 4096), (512, 8192, 32768), (64, 512, 2048)))
+    )
+    rows = []
+    for envs, batch, obs_dim in grid:
+        full_pairs = envs * STEPS_PER_ENV * (2 * obs_dim + ACTION + 3) * 4
+        if full_pairs > args.max_gib * 2**30:
+            print(f"skipped E={envs} B={batch} D={obs_dim}: {full_pairs / 2**30:.1f} GiB")
+            continue
+        print(f"E={envs} B={batch} D={obs_dim}", flush=True)
+        rows += measure(envs, batch, obs_dim, 8 if args.quick else 16, 3 if args.quick else 4)
+    columns = [("envs", "envs", "{}"), ("batch", "batch", "{}"), ("obs", "obs", "{}"),
+               ("variant", "variant", "{}"), ("µs per step (median)", "us_per_step", "{:.0f}"),
+               ("fastest", "fastest_us", "{:.0f}"), ("/ flashbax flat", "vs_flashbax", "{:.2f}"),
+               ("bytes per stored step", "bytes_per_step", "{:.0f}")]  # fmt: skip
+    write_results(args.out, "scale", rows, columns, __doc__)
+    if args.sac:
+        sac_columns = [("case", "case", "{}"), ("buffer", "buffer", "{}"),
+                       ("steps/s", "sps", "{:.0f}"), ("eval return", "return", "{:.1f}"),
+                       ("buffer MiB", "buffer_mib", "{:.1f}")]  # fmt: skip
+        write_results(args.out, "scale_sac", measure_sac(20_000 if args.quick else 60_000),
+                      sac_columns, __doc__)  # fmt: skip
+
+
+if __name__ == "__main__":
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Brax warns about its own pipelines
+        main()
