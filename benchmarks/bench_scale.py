@@ -208,13 +208,17 @@ def sac_run(use_jaxbuf: bool, max_replay_size: int, steps: int) -> dict:
     from brax.training.agents.sac import train as sac
 
     metrics, clock = [], []
+
+    def progress(step, m):
+        metrics.append(m)
+        clock.append((step, time.perf_counter()))
+
     config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
                   num_timesteps=steps, episode_length=1000, num_envs=64, batch_size=256,
                   grad_updates_per_step=8, max_replay_size=max_replay_size,
                   min_replay_size=2048, num_evals=3, num_eval_envs=16, seed=0,
                   learning_rate=6e-4, discounting=0.97,
-                  progress_fn=lambda step, m: (metrics.append(m),
-                                               clock.append((step, time.perf_counter()))))  # fmt: skip
+                  progress_fn=progress)  # fmt: skip
     if use_jaxbuf:
         with jaxbuf.brax.use_in_brax(num_envs=64):
             sac.train(**config)
