@@ -68,7 +68,8 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
     def allocate(example: PyTree) -> Any:
         return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
 
-    _memory.check_fits(jax.eval_shape(allocate, example), example)
+    # the example is closed over, not abstracted: the layout's own checks name its leaves
+    _memory.check_fits(jax.eval_shape(lambda: allocate(example)), example)
     return allocate(example)
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -178,8 +179,7 @@ def use_in_brax(*, num_envs: int) -> Iterator[None]:
           with jaxbuf.brax.use_in_brax(num_envs=64):
               make_policy, params, metrics = sac.train(environment=env, num_envs=64, ...)
     """
-    from brax.training import replay_buffers
-
+    replay_buffers = _import_brax_replay_buffers()
     _validation.check_int("num_envs", num_envs)
     original = replay_buffers.UniformSamplingQueue
     replay_buffers.UniformSamplingQueue = functools.partial(BraxReplay, num_envs=num_envs)
@@ -187,6 +187,16 @@ def use_in_brax(*, num_envs: int) -> Iterator[None]:
         yield
     finally:
         replay_buffers.UniformSamplingQueue = original
+
+
+def _import_brax_replay_buffers() -> Any:
+    """Brax's `replay_buffers` module (an optional dependency: `jaxbuf[brax]`)."""
+    try:
+        return importlib.import_module("brax.training.replay_buffers")
+    except ImportError:
+        raise ImportError(
+            'use_in_brax needs Brax: pip install "jaxbuf[brax]" (Brax 0.14 runs on JAX <= 0.9).'
+        ) from None
 
 
 def _item_spec(dummy: Any) -> tuple[dict[str, Any], Any]:

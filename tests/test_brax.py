@@ -167,3 +167,14 @@ def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
     assert ours[0] == theirs[0] < 50
     assert ours[-1] > 150 and theirs[-1] > 150
     assert abs(ours[-1] - theirs[-1]) < 60
+
+
+def test_use_in_brax_without_brax_says_how_to_install_it():
+    try:
+        import brax  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r'pip install "jaxbuf\[brax\]"'):  # noqa: SIM117
+            with jaxbuf.brax.use_in_brax(num_envs=4):
+                pass
+    else:
+        pytest.skip("Brax is installed here")
