@@ -118,7 +118,8 @@ def store(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
                 f"{target} from float32 (storage_dtypes): give float32 or {target}."
             )
         largest = float(jnp.finfo(NARROW[target]).max)
-        return jnp.clip(leaf, -largest, largest).astype(NARROW[target])
+        clamped = jnp.where(jnp.isfinite(leaf), jnp.clip(leaf, -largest, largest), leaf)
+        return clamped.astype(NARROW[target])
 
     return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 
-from jaxbuf import _buffers, _storage, _validation
+from jaxbuf import _buffers, _precision, _storage, _validation
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import RingState
 from jaxbuf._types import Buffer, PyTree
@@ -47,6 +48,7 @@ def make_replay_buffer(
     min_size: int = 1,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
     truncate_ok: bool = False,
+    storage_dtypes: Mapping[str, Any] | None = None,
 ) -> Buffer:
     """Makes a replay buffer: a FIFO ring of items, drawn by `sampler`.
 
@@ -58,6 +60,10 @@ def make_replay_buffer(
         `jaxbuf.prioritized(...)`, which adds `set_priorities`.
       truncate_ok: whether `add` accepts more than `capacity` items at once,
         keeping the newest `capacity` of them.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves stored in 2 bytes
+        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
+        opt-in (see `jaxbuf._precision`: rounding to nearest, a clamp at the
+        storage dtype's range, never an inf from a finite value).
 
     Returns:
       A `Buffer` with `init(example)`, `add(state, items)` with leaves `[B, ...]`,
@@ -82,6 +88,7 @@ def make_replay_buffer(
     min_size = _validation.check_int("min_size", min_size)
     sampler = _buffers.check_sampler(sampler)
     truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
+    narrow = _precision.check_storage_dtypes(storage_dtypes)
     if min_size > capacity:
         raise ValueError(
             f"min_size={min_size} exceeds capacity={capacity}: can_sample would never be true."
@@ -91,10 +98,11 @@ def make_replay_buffer(
             f"sample_batch_size={sample_batch_size} exceeds capacity={capacity}, so a batch "
             "without replacement can never be distinct."
         )
+    layout = _precision.narrowed_layout(_layout(capacity, min_size, truncate_ok), narrow)
     return _buffers.assemble(
-        _layout(capacity, min_size, truncate_ok), sampler, sample_batch_size, kind="replay",
+        layout, sampler, sample_batch_size, kind="replay",
         capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
-        truncate_ok=truncate_ok,
+        truncate_ok=truncate_ok, **({"storage_dtypes": narrow} if narrow else {}),
     )  # fmt: skip
 
 

@@ -20,7 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _goals, _sampling, _storage, _trajectory, _validation
+from jaxbuf import (
+    _buffers,
+    _frames,
+    _goals,
+    _precision,
+    _sampling,
+    _storage,
+    _trajectory,
+    _validation,
+)
 from jaxbuf._samplers import Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree, Transition
@@ -367,6 +376,7 @@ def make_transition_buffer(
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
+    storage_dtypes: Mapping[str, Any] | None = None,
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
 
@@ -401,6 +411,12 @@ def make_transition_buffer(
         `ratio` of the sampled transitions with a goal achieved in the same
         episode (see `jaxbuf.hindsight`); the observation must be a dict holding
         the goal leaves. One-step transitions only (`n_step=1`), without `frames`.
+      sampler: `jaxbuf.uniform()` (the default) or `jaxbuf.prioritized(...)`.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 observations (`obs`
+        covers `next_obs`) or other float32 leaves stored in 2 bytes
+        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
+        opt-in (rounding to nearest, a clamp at the storage dtype's range, never
+        an inf from a finite value; not with `goals`).
 
     Returns:
       A `Buffer` with `init(example)` taking one `Transition` (or a dict with its field
@@ -430,14 +446,19 @@ def make_transition_buffer(
     sampler = _buffers.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
     _check_goals(goals, config["n_step"], stacks)
+    narrow = _precision.check_storage_dtypes(storage_dtypes)
+    if narrow and goals is not None:
+        raise ValueError("storage_dtypes and goals cannot be combined: the reward function "
+                         "reads the stored goals, which must keep their dtype.")  # fmt: skip
     return _buffers.assemble(
-        _layout(config, stacks.get("obs", 1), goals),
+        _precision.narrowed_layout(_layout(config, stacks.get("obs", 1), goals), narrow),
         sampler,
         config["sample_batch_size"],
         kind="transition",
         **config,
         frames=stacks or None,
         goals=None if goals is None else goals.config,
+        **({"storage_dtypes": narrow} if narrow else {}),
     )
 
 

@@ -1,0 +1,136 @@
+"""Storage dtypes: float32 leaves kept in bfloat16/float16, sampled as float32. Against the
+plain buffer fed the values rounded by NumPy (ml_dtypes), on random operation sequences with
+wrap-arounds and episode ends; the clamp; memory; errors."""
+
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jaxbuf
+
+STEP = jaxbuf.Transition(jnp.zeros(6), jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                         jnp.bool_(False), jnp.zeros(6))  # fmt: skip
+NUMPY = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def rounded(x: np.ndarray, name: str) -> np.ndarray:
+    """What storage in `name` gives back: the clamp, then NumPy's rounding to nearest."""
+    largest = float(ml_dtypes.finfo(NUMPY[name]).max)
+    clamped = np.where(np.isfinite(x), np.clip(x, -largest, largest), x)
+    return clamped.astype(NUMPY[name]).astype(np.float32)
+
+
+def random_steps(rng, num_envs, length, scale):
+    ends = rng.random((num_envs, length)) < 0.1
+    terminated = ends & (rng.random((num_envs, length)) < 0.5)
+    return jaxbuf.Transition(
+        obs=(rng.normal(size=(num_envs, length, 6)) * scale).astype(np.float32),
+        action=rng.integers(0, 4, (num_envs, length)).astype(np.int32),
+        reward=rng.normal(size=(num_envs, length)).astype(np.float32),
+        terminated=terminated, truncated=ends & ~terminated,
+        next_obs=(rng.normal(size=(num_envs, length, 6)) * scale).astype(np.float32),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name, scale", [("bfloat16", 1e30), ("float16", 3e4)])
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_narrow_transition_buffer_samples_what_a_float32_one_fed_rounded_values_does(
+    name, scale, n_step
+):
+    """Beyond float16's range at scale 3e4 (values up to 1.5e5 are clamped), bfloat16 at
+    1e30; capacity 12 with 5 adds of 7 steps: the rings wrap around."""
+    narrow = jaxbuf.make_transition_buffer(3, 12, 64, n_step=n_step, min_episode_length=3,
+                                           storage_dtypes={"obs": name})  # fmt: skip
+    plain = jaxbuf.make_transition_buffer(3, 12, 64, n_step=n_step, min_episode_length=3)
+    rng = np.random.default_rng(7)
+    state, reference = narrow.init(STEP), plain.init(STEP)
+    add, add_plain = jax.jit(narrow.add), jax.jit(plain.add)
+    for round_ in range(5):
+        steps = random_steps(rng, 3, 7, scale)
+        state = add(state, steps)
+        reference = add_plain(
+            reference,
+            steps.replace(obs=rounded(steps.obs, name), next_obs=rounded(steps.next_obs, name)),
+        )
+        key = jax.random.key(round_)
+        got, want = narrow.sample(state, key), plain.sample(reference, key)
+        assert got.experience.obs.dtype == got.experience.next_obs.dtype == jnp.float32
+        chex.assert_trees_all_equal(got, want)
+    assert np.isfinite(np.asarray(got.experience.obs)).all()  # clamped, never inf
+    assert state.experience["obs"].dtype == state.side.experience.dtype == NUMPY[name]
+
+
+def test_a_narrow_replay_buffer_and_its_clamp():
+    buffer = jaxbuf.make_replay_buffer(5, 16, storage_dtypes={"x": "float16"})
+    state = buffer.init({"x": jnp.zeros(2), "id": jnp.int32(0)})
+    values = np.array([[1e5, -1e5], [np.inf, -np.inf], [np.nan, 0.1], [65519, 65520]], np.float32)
+    state = buffer.add(state, {"x": values, "id": np.arange(4, dtype=np.int32)})
+    rows = np.asarray(buffer.take(state, jnp.arange(4))["x"])
+    np.testing.assert_array_equal(rows[0], [65504, -65504])  # clamped, not inf
+    np.testing.assert_array_equal(rows[1], [np.inf, -np.inf])  # infinities stay
+    assert np.isnan(rows[2, 0]) and rows[2, 1] == np.float32(np.float16(0.1))
+    np.testing.assert_array_equal(rows[3], [65504, 65504])  # would round to inf unclamped
+    halves = np.full((5, 2), 0.5, np.float16)  # the storage dtype itself is taken as it is
+    state = buffer.add(state, {"x": halves, "id": np.arange(5, dtype=np.int32)})
+    assert np.asarray(buffer.sample(state, jax.random.key(0)).experience["x"]).tolist() == [
+        [0.5, 0.5]] * 16  # fmt: skip
+
+
+def test_bfloat16_observations_halve_the_memory_per_stored_step():
+    plain = jaxbuf.memory(jaxbuf.make_transition_buffer(16, 1000, 256, min_episode_length=100),
+                          STEP.replace(obs=jnp.zeros(512), next_obs=jnp.zeros(512)))  # fmt: skip
+    narrow = jaxbuf.memory(
+        jaxbuf.make_transition_buffer(16, 1000, 256, min_episode_length=100,
+                                      storage_dtypes={"obs": "bfloat16"}),
+        STEP.replace(obs=jnp.zeros(512), next_obs=jnp.zeros(512)))  # fmt: skip
+    observations = [sum(size for leaf, size in report.leaves.items() if "obs" in leaf)
+                    for report in (plain, narrow)]  # fmt: skip
+    assert observations[1] / observations[0] == 0.5
+    assert narrow.per_stored_step / plain.per_stored_step <= 0.53
+
+
+def test_blocks_and_vectorize_take_narrow_buffers():
+    buffer = jaxbuf.make_transition_buffer(2, 8, 4, storage_dtypes={"obs": "bfloat16"})
+    steps = random_steps(np.random.default_rng(3), 2, 4, 1.0)
+    blocks = jax.jit(jaxbuf.blocks(buffer, 4).write)
+    per_step = jax.tree.map(lambda x: np.moveaxis(x, 1, 0), steps)
+    single = buffer.init(STEP)
+    for t in range(4):
+        single = buffer.add_step(single, jax.tree.map(lambda x, t=t: x[t], per_step))
+    chex.assert_trees_all_equal(blocks(buffer.init(STEP), per_step), single)
+    stacked = jaxbuf.vectorize(buffer, 3)
+    assert stacked.init(STEP).experience["obs"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"x": "int8"}), ValueError,
+         "storage_dtypes['x'] must be 'bfloat16' or 'float16'"),
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes=["x"]), TypeError,
+         "storage_dtypes must be a mapping"),
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"id": "float16"}).init(
+            {"x": jnp.zeros(2), "id": jnp.int32(0)}), TypeError,
+         "storage_dtypes['id']: example['id'] is int32; only float32 leaves"),
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"y": "float16"}).init(
+            {"x": jnp.zeros(2)}), ValueError, "storage_dtypes names ['y'], which the example"),
+        (lambda: jaxbuf.make_transition_buffer(2, 8, 2, storage_dtypes={"next_obs": "float16"}),
+         ValueError, "storage_dtypes['next_obs'] is stored with obs"),
+        (lambda: jaxbuf.make_transition_buffer(
+            2, 8, 2, storage_dtypes={"obs": "float16"},
+            goals=jaxbuf.hindsight(lambda a, d: (a == d).astype(jnp.float32))), ValueError,
+         "storage_dtypes and goals cannot be combined"),
+        (lambda: (lambda b: b.add(b.init({"x": jnp.zeros(2)}), {"x": jnp.zeros((3, 2),
+                                                                jnp.int32)}))(
+            jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"x": "float16"})), TypeError,
+         "['x'] is int32; it is stored as float16 from float32"),
+    ],
+)  # fmt: skip
+def test_bad_storage_dtypes_are_named(make, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        make()
