@@ -135,7 +135,7 @@ def flashbax_flat(envs, batch, obs_dim, prioritised=False):
 
     make = fbx.make_prioritised_flat_buffer if prioritised else fbx.make_flat_buffer
     options = {"device": jax.default_backend()} if prioritised else {}
-    buffer = make(max_length=envs * STEPS_PER_ENV, min_length=batch, sample_batch_size=batch,
+    buffer = make(max_length=envs * STEPS_PER_ENV, min_length=2 * envs, sample_batch_size=batch,
                   add_batch_size=envs, **options)  # fmt: skip
     example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(ACTION), "reward": jnp.float32(0),
                "done": jnp.bool_(False)}  # fmt: skip
@@ -257,7 +257,7 @@ def main() -> None:
     grid = (
         [(128, 512, 64), (512, 8192, 128)]
         if args.quick
-        else list(itertools.product((128, 1024, 4096), (512, 8192, 32768), (64, 512, 2048)))
+        else list(itertools.product(args.envs, args.batches, args.obs))
     )
     rows = []
     for envs, batch, obs_dim in grid:

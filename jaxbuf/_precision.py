@@ -82,6 +82,12 @@ def _narrowed(tree: PyTree, dtypes: dict[str, str]) -> dict[str, str]:
             for path, _ in leaves if _name(path) in names}  # fmt: skip
 
 
+def _dtype(leaf: Any) -> np.dtype:
+    """A leaf's dtype: arrays' and `jax.ShapeDtypeStruct`s' own, a Python scalar's as JAX
+    makes it."""
+    return jnp.dtype(leaf.dtype) if hasattr(leaf, "dtype") else jnp.result_type(leaf)
+
+
 def check_example(example: PyTree, dtypes: dict[str, str]) -> None:
     """Raises unless every name of `dtypes` names float32 leaves of `example`."""
     leaves = jax.tree_util.tree_flatten_with_path(example)[0]
@@ -93,7 +99,7 @@ def check_example(example: PyTree, dtypes: dict[str, str]) -> None:
             f"{sorted(named)}); nothing would be narrowed."
         )
     for path, leaf in leaves:
-        dtype = jnp.result_type(leaf)
+        dtype = _dtype(leaf)
         if _name(path) in dtypes and dtype != jnp.float32:
             raise TypeError(
                 f"storage_dtypes[{_name(path)!r}]: example{jax.tree_util.keystr(path)} is "
@@ -110,11 +116,11 @@ def store(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
 
     def one(path, leaf):
         target = narrowed.get(jax.tree_util.keystr(path))
-        if target is None or jnp.result_type(leaf) == NARROW[target]:
+        if target is None or _dtype(leaf) == NARROW[target]:
             return leaf
-        if jnp.result_type(leaf) != jnp.float32:
+        if _dtype(leaf) != jnp.float32:
             raise TypeError(
-                f"{jax.tree_util.keystr(path)} is {jnp.result_type(leaf)}; it is stored as "
+                f"{jax.tree_util.keystr(path)} is {_dtype(leaf)}; it is stored as "
                 f"{target} from float32 (storage_dtypes): give float32 or {target}."
             )
         largest = float(jnp.finfo(NARROW[target]).max)
@@ -138,12 +144,13 @@ def restore(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
 
 
 def spec(example: PyTree, dtypes: dict[str, str]) -> PyTree:
-    """The example as storage holds it: narrowed leaves as zeros of their dtype."""
+    """The example as storage holds it: narrowed leaves as `jax.ShapeDtypeStruct`s
+    of their storage dtype, the others as they are."""
     narrowed = _narrowed(example, dtypes)
 
     def one(path, leaf):
         target = narrowed.get(jax.tree_util.keystr(path))
-        return leaf if target is None else jnp.zeros(np.shape(leaf), NARROW[target])
+        return leaf if target is None else jax.ShapeDtypeStruct(np.shape(leaf), NARROW[target])
 
     return jax.tree_util.tree_map_with_path(one, example)
 

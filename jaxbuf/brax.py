@@ -53,7 +53,7 @@ import contextlib
 import functools
 import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _sampling, _storage, _validation
+from jaxbuf import _precision, _sampling, _storage, _validation
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import PyTree
 
@@ -103,25 +103,30 @@ class BraxReplay:
       num_envs: the environments of every `insert` (all devices together, as
         given to `sac.train`); each of `jax.device_count()` devices holds
         `num_envs / devices`.
+      storage_dtypes: `{"observation": "bfloat16"}`: float32 leaves stored in 2
+        bytes and sampled as float32 (`observation` covers the next one); lossy
+        and opt-in, as for `jaxbuf.make_replay_buffer`.
     """
 
     def __init__(self, max_replay_size: int, dummy_data_sample: Any, sample_batch_size: int,
-                 *, num_envs: int):  # fmt: skip
+                 *, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None):  # fmt: skip
         devices = jax.device_count()
         num_envs = _validation.check_int("num_envs", num_envs)
         if num_envs % devices:
             raise ValueError(f"num_envs={num_envs} must divide evenly over {devices} devices.")
         self.num_envs = num_envs // devices
         self.spec, self.template = _item_spec(dummy_data_sample)
+        self.narrow = _precision.check_storage_dtypes(storage_dtypes)
+        _precision.check_example(self.spec, self.narrow)
+        self.stored_spec = _precision.spec(self.spec, self.narrow)
         size = _validation.check_int("max_replay_size", max_replay_size)
         self.capacity_per_env = math.ceil(size / self.num_envs)
         self.sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
 
     def init(self, key: jax.Array) -> BraxReplayState:
         """An empty state holding `key`."""
-        experience = _storage.allocate(self.spec, self.num_envs, self.capacity_per_env)
-        observation = self.spec["observation"]
-        pending = _storage.allocate(observation, self.num_envs)
+        experience = _storage.allocate(self.stored_spec, self.num_envs, self.capacity_per_env)
+        pending = _storage.allocate(self.stored_spec["observation"], self.num_envs)
         return BraxReplayState(TimeRingState(experience=experience, **_storage.counters()),
                                pending, key, jnp.zeros((), jnp.int32))  # fmt: skip
 
@@ -146,12 +151,16 @@ class BraxReplay:
         spec = self.spec["observation"]
         _validation.check_batch(spec, given_next, [("num_envs", self.num_envs)],
                                 f"samples.{NEXT}")  # fmt: skip
+        stored = _precision.store(stored, self.narrow)
+        given_next = _precision.store({"observation": given_next}, self.narrow)["observation"]
         return _insert(buffer_state, stored, jax.tree.map(jnp.asarray, given_next))
 
     def sample_internal(self, buffer_state: BraxReplayState) -> tuple[BraxReplayState, Any]:
         """`sample`, as Brax's `PmapWrapper` calls it on each device."""
         key, now = jax.random.split(buffer_state.key)
         stored, following = _draw(buffer_state, now, self.sample_batch_size)
+        stored = _precision.restore(stored, self.narrow)
+        following = _precision.restore({"observation": following}, self.narrow)["observation"]
         return buffer_state.replace(key=key), _join(stored, following, self.template)
 
     def size(self, buffer_state: BraxReplayState) -> jax.Array:
@@ -160,17 +169,20 @@ class BraxReplay:
 
     def bytes_per_transition(self) -> int:
         """Bytes of storage per stored transition: one step without `next_observation`."""
-        return sum(math.prod(leaf.shape) * leaf.dtype.itemsize
-                   for leaf in jax.tree.leaves(self.spec))  # fmt: skip
+        return sum(math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
+                   for leaf in jax.tree.leaves(self.stored_spec))  # fmt: skip
 
 
 @contextlib.contextmanager
-def use_in_brax(*, num_envs: int) -> Iterator[None]:
+def use_in_brax(*, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None
+                ) -> Iterator[None]:  # fmt: skip
     """Within the block, Brax's trainers build a `BraxReplay` where they build a
     `UniformSamplingQueue` (Brax's SAC and MuJoCo Playground's, which calls it).
 
     Args:
       num_envs: what you pass to `sac.train` as `num_envs`.
+      storage_dtypes: see `BraxReplay` (`{"observation": "bfloat16"}` halves the
+        observations' bytes).
 
     Examples:
       A Brax user changes two lines::
@@ -182,7 +194,10 @@ def use_in_brax(*, num_envs: int) -> Iterator[None]:
     replay_buffers = _import_brax_replay_buffers()
     _validation.check_int("num_envs", num_envs)
     original = replay_buffers.UniformSamplingQueue
-    replay_buffers.UniformSamplingQueue = functools.partial(BraxReplay, num_envs=num_envs)
+    _precision.check_storage_dtypes(storage_dtypes)
+    replay_buffers.UniformSamplingQueue = functools.partial(
+        BraxReplay, num_envs=num_envs, storage_dtypes=storage_dtypes
+    )
     try:
         yield
     finally:

@@ -178,3 +178,24 @@ def test_use_in_brax_without_brax_says_how_to_install_it():
                 pass
     else:
         pytest.skip("Brax is installed here")
+
+
+def test_bfloat16_observations_halve_their_bytes_and_come_back_as_float32():
+    narrow = jaxbuf.brax.BraxReplay(4 * 7, DUMMY, 64, num_envs=4,
+                                    storage_dtypes={"observation": "bfloat16"})  # fmt: skip
+    plain = jaxbuf.brax.BraxReplay(4 * 7, DUMMY, 64, num_envs=4)
+    state, reference = narrow.init(jax.random.key(0)), plain.init(jax.random.key(0))
+    for step in brax_steps(np.random.default_rng(4), 4, 12):
+        state = narrow.insert(state, step)
+        as_bf16 = jax.tree.map(
+            lambda x: np.asarray(x).astype(jnp.bfloat16).astype(np.float32),
+            (step.observation, step.next_observation))  # fmt: skip
+        rounded = step._replace(observation=as_bf16[0], next_observation=as_bf16[1])
+        reference = plain.insert(reference, rounded)
+    state, batch = narrow.sample(state)
+    _, expected = plain.sample(reference)
+    assert batch.observation.dtype == batch.next_observation.dtype == jnp.float32
+    chex.assert_trees_all_equal(batch, expected)
+    assert state.steps.experience["observation"].dtype == jnp.bfloat16
+    assert narrow.bytes_per_transition() == plain.bytes_per_transition() - 3 * 2
+    assert int(state.mismatched) == 0
