@@ -20,7 +20,8 @@ per stored transition. Configurations over `--max-gib` of state are skipped.
 
 `--sac`: Brax's own SAC (`inverted_pendulum`, positional backend, 64 envs,
 batch 256, 8 updates per step) with `jaxbuf.brax` and with Brax's queue, once
-with a queue that never fills (1M) and once full from the start (8192):
+with a queue that never fills (1M) and once with a 1M queue that Brax's prefill
+fills before training, so that every insert rolls it (65,536 with `--quick`):
 steps per second between the last two evaluations (compiled by then) and the
 buffer's bytes.
 
@@ -203,7 +204,7 @@ def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> l
             for name, (median, fastest) in timed.items()]  # fmt: skip
 
 
-def sac_run(use_jaxbuf: bool, max_replay_size: int, steps: int) -> dict:
+def sac_run(use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int) -> dict:
     from brax import envs
     from brax.training.agents.sac import train as sac
 
@@ -214,11 +215,10 @@ def sac_run(use_jaxbuf: bool, max_replay_size: int, steps: int) -> dict:
         clock.append((step, time.perf_counter()))
 
     config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
-                  num_timesteps=steps, episode_length=1000, num_envs=64, batch_size=256,
-                  grad_updates_per_step=8, max_replay_size=max_replay_size,
-                  min_replay_size=2048, num_evals=3, num_eval_envs=16, seed=0,
-                  learning_rate=6e-4, discounting=0.97,
-                  progress_fn=progress)  # fmt: skip
+                  num_timesteps=prefill + steps, episode_length=1000, num_envs=64,
+                  batch_size=256, grad_updates_per_step=8, max_replay_size=max_replay_size,
+                  min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=0,
+                  learning_rate=6e-4, discounting=0.97, progress_fn=progress)  # fmt: skip
     if use_jaxbuf:
         with jaxbuf.brax.use_in_brax(num_envs=64):
             sac.train(**config)
@@ -230,13 +230,17 @@ def sac_run(use_jaxbuf: bool, max_replay_size: int, steps: int) -> dict:
             "return": float(metrics[-1]["eval/episode_reward"])}  # fmt: skip
 
 
-def measure_sac(steps: int) -> list[dict]:
+def measure_sac(steps: int, full_size: int) -> list[dict]:
+    """Brax's SAC with either buffer: a queue that never fills, and one that Brax's own
+    prefill (`min_replay_size`) fills before training, so that every insert of the run
+    rolls it (as in Brax's long runs)."""
     rows = []
-    dummy = brax_transition(4)  # inverted_pendulum: 4 observations, 1 action
-    dummy = dummy._replace(action=jnp.zeros(1))
-    for label, size in [("queue not full (1M)", 1_048_576), ("queue full (8192)", 8192)]:
+    dummy = brax_transition(4)._replace(action=jnp.zeros(1))  # inverted_pendulum
+    cases = [("queue not full (1M)", 1_048_576, 2048),
+             (f"queue full ({full_size:,}, prefilled)", full_size, full_size)]  # fmt: skip
+    for label, size, prefill in cases:
         for use in (True, False):
-            result = sac_run(use, size, steps)
+            result = sac_run(use, size, prefill, steps)
             per = (jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=64).bytes_per_transition()
                    if use else 4 * (4 + 1 + 1 + 1 + 4 + 1))  # fmt: skip
             rows.append({"case": label, "buffer": "jaxbuf.brax" if use else "brax queue",
@@ -248,6 +252,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (about 5 minutes)")
     parser.add_argument("--sac", action="store_true", help="also Brax's SAC end to end")
+    parser.add_argument("--sac-only", action="store_true", help="only Brax's SAC")
     parser.add_argument("--max-gib", type=float, default=4.0)
     parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
@@ -260,7 +265,7 @@ def main() -> None:
         else list(itertools.product(args.envs, args.batches, args.obs))
     )
     rows = []
-    for envs, batch, obs_dim in grid:
+    for envs, batch, obs_dim in [] if args.sac_only else grid:
         full_pairs = envs * STEPS_PER_ENV * (2 * obs_dim + ACTION + 3) * 4
         if full_pairs > args.max_gib * 2**30:
             print(f"skipped E={envs} B={batch} D={obs_dim}: {full_pairs / 2**30:.1f} GiB")
@@ -271,13 +276,14 @@ def main() -> None:
                ("variant", "variant", "{}"), ("µs per step (median)", "us_per_step", "{:.0f}"),
                ("fastest", "fastest_us", "{:.0f}"), ("/ flashbax flat", "vs_flashbax", "{:.2f}"),
                ("bytes per stored step", "bytes_per_step", "{:.0f}")]  # fmt: skip
-    write_results(args.out, "scale", rows, columns, __doc__)
-    if args.sac:
+    if rows:
+        write_results(args.out, "scale", rows, columns, __doc__)
+    if args.sac or args.sac_only:
         sac_columns = [("case", "case", "{}"), ("buffer", "buffer", "{}"),
                        ("steps/s", "sps", "{:.0f}"), ("eval return", "return", "{:.1f}"),
                        ("buffer MiB", "buffer_mib", "{:.1f}")]  # fmt: skip
-        write_results(args.out, "scale_sac", measure_sac(20_000 if args.quick else 60_000),
-                      sac_columns, __doc__)  # fmt: skip
+        sac = measure_sac(20_000, 65_536) if args.quick else measure_sac(40_000, 1_048_576)
+        write_results(args.out, "scale_sac", sac, sac_columns, __doc__)
 
 
 if __name__ == "__main__":
