@@ -199,3 +199,18 @@ def test_bfloat16_observations_halve_their_bytes_and_come_back_as_float32():
     assert state.steps.experience["observation"].dtype == jnp.bfloat16
     assert narrow.bytes_per_transition() == plain.bytes_per_transition() - 3 * 2
     assert int(state.mismatched) == 0
+
+
+def test_brax_s_pmap_wrapper_drives_it():
+    """Brax's `PmapWrapper` (a buffer per device) calls init, insert_internal,
+    sample_internal and size under pmap."""
+    replay_buffers = pytest.importorskip("brax.training.replay_buffers")
+    devices = jax.local_device_count()
+    inner = jaxbuf.brax.BraxReplay(4 * 7, DUMMY, 16, num_envs=4 * devices)
+    wrapped = replay_buffers.PmapWrapper(inner)
+    state = wrapped.init(jax.random.key(0))
+    for step in brax_steps(np.random.default_rng(5), 4 * devices, 3):
+        state = wrapped.insert(state, step)
+    state, batch = wrapped.sample(state)
+    assert batch.observation.shape == (16 * devices, 3)
+    assert int(wrapped.size(state)) == 3 * 4 * devices
