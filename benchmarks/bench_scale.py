@@ -18,10 +18,11 @@ timed round of one process:
 Time per step (median and fastest of the rounds) and bytes of the whole state
 per stored transition. Configurations over `--max-gib` of state are skipped.
 
-`--sac`: Brax's own SAC (`inverted_pendulum`, positional backend, 64 envs,
+`--sac`: Brax's own SAC (`inverted_pendulum`, positional backend, 64 envs or `--sac-envs`,
 batch 256, 8 updates per step) with `jaxbuf.brax` and with Brax's queue, once
 with a queue that never fills (1M) and once with a 1M queue that Brax's prefill
-fills before training, so that every insert rolls it (65,536 with `--quick`):
+fills before training, so that every insert rolls it (`--sac-full-size`; 65,536 with
+`--quick`):
 steps per second between the last two evaluations (compiled by then) and the
 buffer's bytes.
 
@@ -204,7 +205,9 @@ def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> l
             for name, (median, fastest) in timed.items()]  # fmt: skip
 
 
-def sac_run(use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int) -> dict:
+def sac_run(
+    use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int, num_envs: int
+) -> dict:
     from brax import envs
     from brax.training.agents.sac import train as sac
 
@@ -215,12 +218,12 @@ def sac_run(use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int) ->
         clock.append((step, time.perf_counter()))
 
     config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
-                  num_timesteps=prefill + steps, episode_length=1000, num_envs=64,
+                  num_timesteps=prefill + steps, episode_length=1000, num_envs=num_envs,
                   batch_size=256, grad_updates_per_step=8, max_replay_size=max_replay_size,
                   min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=0,
                   learning_rate=6e-4, discounting=0.97, progress_fn=progress)  # fmt: skip
     if use_jaxbuf:
-        with jaxbuf.brax.use_in_brax(num_envs=64):
+        with jaxbuf.brax.use_in_brax(num_envs=num_envs):
             sac.train(**config)
     else:
         sac.train(**config)
@@ -230,7 +233,7 @@ def sac_run(use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int) ->
             "return": float(metrics[-1]["eval/episode_reward"])}  # fmt: skip
 
 
-def measure_sac(steps: int, full_size: int) -> list[dict]:
+def measure_sac(steps: int, full_size: int, num_envs: int = 64) -> list[dict]:
     """Brax's SAC with either buffer: a queue that never fills, and one that Brax's own
     prefill (`min_replay_size`) fills before training, so that every insert of the run
     rolls it (as in Brax's long runs)."""
@@ -240,10 +243,11 @@ def measure_sac(steps: int, full_size: int) -> list[dict]:
              (f"queue full ({full_size:,}, prefilled)", full_size, full_size)]  # fmt: skip
     for label, size, prefill in cases:
         for use in (True, False):
-            result = sac_run(use, size, prefill, steps)
-            per = (jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=64).bytes_per_transition()
-                   if use else 4 * (4 + 1 + 1 + 1 + 4 + 1))  # fmt: skip
-            rows.append({"case": label, "buffer": "jaxbuf.brax" if use else "brax queue",
+            result = sac_run(use, size, prefill, steps, num_envs)
+            ours = jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=num_envs)
+            per = ours.bytes_per_transition() if use else 4 * (4 + 1 + 1 + 1 + 4 + 1)
+            rows.append({"case": f"{label}, {num_envs} envs",
+                         "buffer": "jaxbuf.brax" if use else "brax queue",
                          **result, "buffer_mib": per * size / 2**20})  # fmt: skip
     return rows
 
@@ -253,6 +257,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run (about 5 minutes)")
     parser.add_argument("--sac", action="store_true", help="also Brax's SAC end to end")
     parser.add_argument("--sac-only", action="store_true", help="only Brax's SAC")
+    parser.add_argument("--sac-full-size", type=int, default=1_048_576)
+    parser.add_argument("--sac-envs", type=int, default=64)
     parser.add_argument("--max-gib", type=float, default=4.0)
     parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
@@ -282,7 +288,8 @@ def main() -> None:
         sac_columns = [("case", "case", "{}"), ("buffer", "buffer", "{}"),
                        ("steps/s", "sps", "{:.0f}"), ("eval return", "return", "{:.1f}"),
                        ("buffer MiB", "buffer_mib", "{:.1f}")]  # fmt: skip
-        sac = measure_sac(20_000, 65_536) if args.quick else measure_sac(40_000, 1_048_576)
+        sac = (measure_sac(20_000, 65_536) if args.quick
+               else measure_sac(40_000, args.sac_full_size, args.sac_envs))  # fmt: skip
         write_results(args.out, "scale_sac", sac, sac_columns, __doc__)
 
 
