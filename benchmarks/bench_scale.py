@@ -206,7 +206,7 @@ def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> l
 
 
 def sac_run(
-    use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int, num_envs: int
+    use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int, num_envs: int, seed: int = 0
 ) -> dict:
     from brax import envs
     from brax.training.agents.sac import train as sac
@@ -220,7 +220,7 @@ def sac_run(
     config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
                   num_timesteps=prefill + steps, episode_length=1000, num_envs=num_envs,
                   batch_size=256, grad_updates_per_step=8, max_replay_size=max_replay_size,
-                  min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=0,
+                  min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=seed,
                   learning_rate=6e-4, discounting=0.97, progress_fn=progress)  # fmt: skip
     if use_jaxbuf:
         with jaxbuf.brax.use_in_brax(num_envs=num_envs):
