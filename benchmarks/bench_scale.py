@@ -46,6 +46,7 @@ import jaxbuf
 import jaxbuf.brax
 
 STEPS_PER_ENV, ACTION = 256, 8
+SAC_ENV = ["inverted_pendulum"]  # --sac-env
 
 
 def nbytes(state) -> int:
@@ -217,7 +218,7 @@ def sac_run(
         metrics.append(m)
         clock.append((step, time.perf_counter()))
 
-    config = dict(environment=envs.get_environment("inverted_pendulum", backend="positional"),
+    config = dict(environment=envs.get_environment(SAC_ENV[0], backend="positional"),
                   num_timesteps=prefill + steps, episode_length=1000, num_envs=num_envs,
                   batch_size=256, grad_updates_per_step=8, max_replay_size=max_replay_size,
                   min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=seed,
@@ -237,16 +238,20 @@ def measure_sac(steps: int, full_size: int, num_envs: int = 64) -> list[dict]:
     """Brax's SAC with either buffer: a queue that never fills, and one that Brax's own
     prefill (`min_replay_size`) fills before training, so that every insert of the run
     rolls it (as in Brax's long runs)."""
+    from brax import envs
+
     rows = []
-    dummy = brax_transition(4)._replace(action=jnp.zeros(1))  # inverted_pendulum
+    env = envs.get_environment(SAC_ENV[0], backend="positional")
+    obs, act = env.observation_size, env.action_size
+    dummy = brax_transition(obs)._replace(action=jnp.zeros(act))
     cases = [("queue not full (1M)", 1_048_576, 2048),
              (f"queue full ({full_size:,}, prefilled)", full_size, full_size)]  # fmt: skip
     for label, size, prefill in cases:
         for use in (True, False):
             result = sac_run(use, size, prefill, steps, num_envs)
             ours = jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=num_envs)
-            per = ours.bytes_per_transition() if use else 4 * (4 + 1 + 1 + 1 + 4 + 1)
-            rows.append({"case": f"{label}, {num_envs} envs",
+            per = ours.bytes_per_transition() if use else 4 * (2 * obs + act + 3)
+            rows.append({"case": f"{SAC_ENV[0]}: {label}, {num_envs} envs",
                          "buffer": "jaxbuf.brax" if use else "brax queue",
                          **result, "buffer_mib": per * size / 2**20})  # fmt: skip
     return rows
@@ -259,12 +264,14 @@ def main() -> None:
     parser.add_argument("--sac-only", action="store_true", help="only Brax's SAC")
     parser.add_argument("--sac-full-size", type=int, default=1_048_576)
     parser.add_argument("--sac-envs", type=int, default=64)
+    parser.add_argument("--sac-env", default="inverted_pendulum", help="a Brax environment")
     parser.add_argument("--max-gib", type=float, default=4.0)
     parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
     parser.add_argument("--obs", type=int, nargs="+", default=[64, 512, 2048])
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    SAC_ENV[0] = args.sac_env
     grid = (
         [(128, 512, 64), (512, 8192, 128)]
         if args.quick
