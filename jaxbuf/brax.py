@@ -58,7 +58,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxbuf import _precision, _sampling, _storage, _validation
@@ -224,21 +223,14 @@ def _item_spec(dummy: Any) -> tuple[dict[str, Any], Any]:
             f"next_observation), got {type(dummy).__name__}."
         )
     stored = {name: getattr(dummy, name) for name in fields if name != NEXT}
-    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)), stored)
-    next_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)),
-                             getattr(dummy, NEXT))  # fmt: skip
+    spec = _validation.item_spec(stored, "dummy_data_sample")  # Python floats: float32
+    next_spec = _validation.item_spec(getattr(dummy, NEXT), f"dummy_data_sample.{NEXT}")
     if next_spec != spec["observation"]:
         raise ValueError(
             f"dummy_data_sample.{NEXT} must have observation's structure, shapes and dtypes "
             f"(it is stored once): got {next_spec} and {spec['observation']}."
         )
     return spec, dummy
-
-
-def _dtype(leaf: Any) -> np.dtype:
-    """A leaf's dtype as a jitted step gives it (a Python float is float32)."""
-    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.result_type(type(leaf))
-    return jax.dtypes.canonicalize_dtype(dtype)
 
 
 def _split(samples: Any, template: Any) -> tuple[dict[str, Any], Any]:
