@@ -24,7 +24,10 @@ with a queue that never fills (1M) and once with a 1M queue that Brax's prefill
 fills before training, so that every insert rolls it (`--sac-full-size`; 65,536 with
 `--quick`):
 steps per second between the last two evaluations (compiled by then) and the
-buffer's bytes.
+buffer's bytes. `--sac-env` picks another Brax environment, `--sac-obs D` repeats its
+observation to D floats (a Playground-sized observation on a cheap CPU simulation),
+`--sac-seeds` runs seeds 0, 1, ... (the buffers taking turns seed by seed), `--sac-steps`
+sets the steps after the prefill and `--sac-table` the table's name.
 
 Needs brax and flashbax (Brax 0.14 runs on JAX <= 0.9). Run:
 `python benchmarks/bench_scale.py [--quick] [--sac] [--out benchmarks/results]`.
@@ -206,10 +209,34 @@ def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> l
             for name, (median, fastest) in timed.items()]  # fmt: skip
 
 
-def sac_run(
-    use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int, num_envs: int, seed: int = 0
-) -> dict:
+def sac_environment(obs_size: int = 0):
+    """`SAC_ENV[0]` (positional backend); with `obs_size`, its observation repeated to
+    that many floats (`jnp.resize`), as wide as MuJoCo Playground's state plus privileged
+    state, at the cost of a cheap CPU simulation."""
     from brax import envs
+
+    env = envs.get_environment(SAC_ENV[0], backend="positional")
+    if not obs_size:
+        return env
+
+    class Widened(envs.Wrapper):
+        observation_size = obs_size
+
+        def reset(self, rng):
+            state = self.env.reset(rng)
+            return state.replace(obs=jnp.resize(state.obs, obs_size))
+
+        def step(self, state, action):
+            state = self.env.step(state, action)
+            return state.replace(obs=jnp.resize(state.obs, obs_size))
+
+    return Widened(env)
+
+
+def sac_run(
+    use_jaxbuf: bool, max_replay_size: int, prefill: int, steps: int, num_envs: int,
+    seed: int = 0, obs_size: int = 0,
+) -> dict:  # fmt: skip
     from brax.training.agents.sac import train as sac
 
     metrics, clock = [], []
@@ -218,7 +245,7 @@ def sac_run(
         metrics.append(m)
         clock.append((step, time.perf_counter()))
 
-    config = dict(environment=envs.get_environment(SAC_ENV[0], backend="positional"),
+    config = dict(environment=sac_environment(obs_size),
                   num_timesteps=prefill + steps, episode_length=1000, num_envs=num_envs,
                   batch_size=256, grad_updates_per_step=8, max_replay_size=max_replay_size,
                   min_replay_size=prefill, num_evals=3, num_eval_envs=16, seed=seed,
@@ -234,26 +261,30 @@ def sac_run(
             "return": float(metrics[-1]["eval/episode_reward"])}  # fmt: skip
 
 
-def measure_sac(steps: int, full_size: int, num_envs: int = 64) -> list[dict]:
+def measure_sac(
+    steps: int, full_size: int, num_envs: int = 64, seeds: int = 1, obs_size: int = 0,
+    full_only: bool = False,
+) -> list[dict]:  # fmt: skip
     """Brax's SAC with either buffer: a queue that never fills, and one that Brax's own
     prefill (`min_replay_size`) fills before training, so that every insert of the run
-    rolls it (as in Brax's long runs)."""
-    from brax import envs
-
-    rows = []
-    env = envs.get_environment(SAC_ENV[0], backend="positional")
+    rolls it (as in Brax's long runs). Seed by seed, the two buffers take turns."""
+    env = sac_environment(obs_size)
     obs, act = env.observation_size, env.action_size
     dummy = brax_transition(obs)._replace(action=jnp.zeros(act))
     cases = [("queue not full (1M)", 1_048_576, 2048),
              (f"queue full ({full_size:,}, prefilled)", full_size, full_size)]  # fmt: skip
-    for label, size, prefill in cases:
-        for use in (True, False):
-            result = sac_run(use, size, prefill, steps, num_envs)
-            ours = jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=num_envs)
-            per = ours.bytes_per_transition() if use else 4 * (2 * obs + act + 3)
-            rows.append({"case": f"{SAC_ENV[0]}: {label}, {num_envs} envs",
-                         "buffer": "jaxbuf.brax" if use else "brax queue",
-                         **result, "buffer_mib": per * size / 2**20})  # fmt: skip
+    name = f"{SAC_ENV[0]}" + (f" (obs widened to {obs_size})" if obs_size else "")
+    rows = []
+    for label, size, prefill in cases[1:] if full_only else cases:
+        per_buffer = {True: jaxbuf.brax.BraxReplay(size, dummy, 256, num_envs=num_envs)
+                      .bytes_per_transition(), False: 4 * (2 * obs + act + 3)}  # fmt: skip
+        for seed in range(seeds):
+            for use in (True, False):
+                result = sac_run(use, size, prefill, steps, num_envs, seed, obs_size)
+                rows.append({"case": f"{name}: {label}, {num_envs} envs", "seed": seed,
+                             "buffer": "jaxbuf.brax" if use else "brax queue", **result,
+                             "buffer_mib": per_buffer[use] * size / 2**20})  # fmt: skip
+                print(rows[-1], flush=True)
     return rows
 
 
@@ -265,6 +296,11 @@ def main() -> None:
     parser.add_argument("--sac-full-size", type=int, default=1_048_576)
     parser.add_argument("--sac-envs", type=int, default=64)
     parser.add_argument("--sac-env", default="inverted_pendulum", help="a Brax environment")
+    parser.add_argument("--sac-obs", type=int, default=0, help="widen observations to this")
+    parser.add_argument("--sac-seeds", type=int, default=1, help="seeds 0, 1, ...")
+    parser.add_argument("--sac-full-only", action="store_true", help="only the full queue")
+    parser.add_argument("--sac-table", default="scale_sac", help="name of the SAC table")
+    parser.add_argument("--sac-steps", type=int, default=40_000, help="steps after the prefill")
     parser.add_argument("--max-gib", type=float, default=4.0)
     parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
@@ -292,12 +328,13 @@ def main() -> None:
     if rows:
         write_results(args.out, "scale", rows, columns, __doc__)
     if args.sac or args.sac_only:
-        sac_columns = [("case", "case", "{}"), ("buffer", "buffer", "{}"),
+        sac_columns = [("case", "case", "{}"), ("seed", "seed", "{}"), ("buffer", "buffer", "{}"),
                        ("steps/s", "sps", "{:.0f}"), ("eval return", "return", "{:.1f}"),
                        ("buffer MiB", "buffer_mib", "{:.1f}")]  # fmt: skip
         sac = (measure_sac(20_000, 65_536) if args.quick
-               else measure_sac(40_000, args.sac_full_size, args.sac_envs))  # fmt: skip
-        write_results(args.out, "scale_sac", sac, sac_columns, __doc__)
+               else measure_sac(args.sac_steps, args.sac_full_size, args.sac_envs, args.sac_seeds,
+                                args.sac_obs, args.sac_full_only))  # fmt: skip
+        write_results(args.out, args.sac_table, sac, sac_columns, __doc__)
 
 
 if __name__ == "__main__":
