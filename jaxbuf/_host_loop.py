@@ -9,7 +9,6 @@ calls.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -17,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf import _export
-from jaxbuf._blocks import Blocks, blocks, single_add
+from jaxbuf._blocks import Blocks, blocks
+from jaxbuf._host_calls import OUTPUTS, Calls
+from jaxbuf._host_stage import Stage, leaf_name
+from jaxbuf._queue import Queue
 from jaxbuf._samplers import check_priority_pairs
 from jaxbuf._types import BufferLike, PyTree, Sample
-
-OUTPUTS = ("numpy", "torch", "jax")
 
 
 class HostLoop:
@@ -96,26 +96,23 @@ class HostLoop:
 
     def __init__(self, buffer: BufferLike, state: Any, key: jax.Array, *, steps_per_call: int,
                  batches_per_call: int | None = None, output: str = "numpy",
+                 device: Any = None, prefetch: bool = False,
                  **sample_options: Any):  # fmt: skip
         self.blocks: Blocks = blocks(buffer, steps_per_call, batches_per_call)
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
+        _check_delivery(self.blocks, output, device, prefetch)
         if output == "torch":
             _export._import_torch()
-        self._output = output
         self._state, self._key = state, _check_key(key)
         self.sample_options: dict[str, Any] = dict(sample_options)
-        self._treedef: Any = None
-        self._specs: list[jax.ShapeDtypeStruct] = []
-        self._stage: list[np.ndarray] = []
-        self._staged = 0
+        self._stage = Stage(self.steps_per_call)
         self._priorities: list[tuple[np.ndarray, np.ndarray]] = []
-        self._calls = _Calls(self.blocks)
+        self._calls = Calls(self.blocks, output, device)
+        self._prefetch, self._ahead = prefetch, None
 
     @property
     def staged(self) -> int:
         """The steps staged on the host, not written yet."""
-        return self._staged
+        return self._stage.count
 
     @property
     def steps_per_call(self) -> int:
@@ -136,31 +133,38 @@ class HostLoop:
         staged since the last call are written into the new one."""
         self._state = state
 
-    def add(self, step: PyTree) -> Sample | None:
+    def add(self, step: PyTree, *, draw: bool = True) -> Sample | None:
         """Stages one step: what `buffer.add_step` takes (leaves `[num_envs, ...]`),
         or `buffer.add` for kinds without it (replay: one call's `[n, ...]`
         items; rollout: one step; queue: `[add_batch_size, ...]` items), as
         NumPy arrays, torch CPU tensors or JAX arrays with the example's dtypes.
 
+        Args:
+          step: the step.
+          draw: whether the call this step may complete draws a block; False
+            writes only (before a learner starts, say: no batch is drawn that
+            no one uses). A prefetched block is dropped then, not kept stale.
+
         Returns:
           None, or, when this step completes `steps_per_call` staged steps and
           the loop draws, the block: a `Sample` with leaves `[batches_per_call,
-          B, ...]` in the loop's `output` format.
+          B, ...]` in the loop's `output` format (with `prefetch`, the block
+          the previous call drew).
         """
+        if not isinstance(draw, bool):
+            raise TypeError(f"draw must be True or False, got {draw!r}.")
         leaves = self._checked_leaves(step)
-        if self._staged == self.steps_per_call:  # the call that writes them failed: retry
+        if self.staged == self.steps_per_call:  # the call that writes them failed: retry
             self._write_stage(draw=False)
-        for staged, leaf in zip(self._stage, leaves, strict=True):
-            staged[self._staged] = leaf
-        self._staged += 1
-        if self._staged < self.steps_per_call:
+        self._stage.put(leaves)
+        if self.staged < self.steps_per_call:
             return None
-        return self._write_stage(draw=self.blocks.draw is not None)
+        return self._write_stage(draw=draw and self.blocks.draw is not None)
 
     def draw(self) -> Sample:
         """Writes what is staged, then draws a block now (one call when nothing is
         staged): for more batches per step than `batches_per_call`, or batches
-        before the first block."""
+        before the first block. Never a prefetched one."""
         if self.blocks.draw is None:
             raise TypeError(
                 "this loop draws no batches (a rollout buffer, which finish and minibatches "
@@ -183,24 +187,18 @@ class HostLoop:
     def flush(self) -> None:
         """Writes the staged steps (and priorities) now: one call for a full
         stage, one per step for a partial one (at a save or the end of a run)."""
-        if self._staged == self.steps_per_call:
+        if self.staged == self.steps_per_call:
             self._write_stage(draw=False)
             return
         if self._priorities:
             self._call(None, draw=False)
-        if self._staged == 0:
-            return
         written = 0
         try:
-            for j in range(self._staged):
-                step = jax.tree.unflatten(self._treedef, [leaf[j] for leaf in self._stage])
-                self._state = self._calls.one(self._state, step)
+            for j in range(self.staged):
+                self._state = self._calls.one(self._state, self._stage.step(j))
                 written += 1
-        finally:  # a fresh stage (the calls may still read the old one), holding what is left
-            fresh = _allocate(self._specs, self.steps_per_call)
-            for new, old in zip(fresh, self._stage, strict=True):
-                new[: self._staged - written] = old[written : self._staged]
-            self._stage, self._staged = fresh, self._staged - written
+        finally:  # what is left stays staged
+            self._stage.drop_first(written, self._state)
 
     def __enter__(self) -> HostLoop:
         return self
@@ -211,18 +209,13 @@ class HostLoop:
     def _checked_leaves(self, step: PyTree) -> list[np.ndarray]:
         leaves, treedef = jax.tree.flatten(step)
         leaves = [np.asarray(leaf) for leaf in leaves]
-        if self._treedef is None:
+        if self._stage.treedef is None:
             self._first_step(step, leaves, treedef)
-        if treedef != self._treedef:
-            raise ValueError(_structure_mismatch(step, self._treedef))
-        for index, (staged, leaf) in enumerate(zip(self._stage, leaves, strict=True)):
-            if staged.shape[1:] != leaf.shape or staged.dtype != leaf.dtype:
-                expected = f"{staged.dtype}{list(staged.shape[1:])}"
-                raise TypeError(
-                    f"step{_leaf_name(step, index)}: expected {expected} like the loop's first "
-                    f"step, got {leaf.dtype}{list(leaf.shape)}; convert it "
-                    "(nothing is cast silently)."
-                )
+        if treedef != self._stage.treedef:
+            raise ValueError(_structure_mismatch(step, self._stage.treedef))
+        error = self._stage.shape_error(step, leaves)
+        if error is not None:
+            raise TypeError(error)
         return leaves
 
     def _first_step(self, step: PyTree, leaves: list[np.ndarray], treedef: Any) -> None:
@@ -231,58 +224,39 @@ class HostLoop:
         for index, leaf in enumerate(leaves):
             if jax.dtypes.canonicalize_dtype(leaf.dtype) != leaf.dtype:
                 raise TypeError(
-                    f"step{_leaf_name(step, index)}: got {leaf.dtype}, which JAX would cast "
+                    f"step{leaf_name(step, index)}: got {leaf.dtype}, which JAX would cast "
                     f"to {jax.dtypes.canonicalize_dtype(leaf.dtype)} (jax_enable_x64 is off); "
                     "give the example's dtype (nothing is cast silently)."
                 )
         specs = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
         jax.eval_shape(self._calls.one, self._state, jax.tree.unflatten(treedef, specs))
-        self._treedef, self._specs = treedef, specs
-        self._stage = _allocate(specs, self.steps_per_call)
+        self._stage.allocate(treedef, specs)
 
     def _write_stage(self, *, draw: bool) -> Sample | None:
-        """One call with the full stage (`[k, *step]` steps); once it is made, a fresh
-        stage takes the old one's place (the call may still read the old one: JAX
-        can alias host memory on CPU), and until then nothing staged is dropped."""
-        block = self._call(jax.tree.unflatten(self._treedef, self._stage), draw=draw)
-        self._stage = _allocate(self._specs, self.steps_per_call)
-        self._staged = 0
+        """One call with the full stage (`[k, *step]` steps); once it is made, the
+        other stage fills, and until then nothing staged is dropped. With
+        `prefetch`, the block drawn one call before is returned (the first call
+        draws twice)."""
+        block = self._call(self._stage.tree(), draw=draw)
+        self._stage.turn(self._key)
+        if block is None or not self._prefetch:
+            self._ahead = None
+            return block
+        if self._ahead is None:
+            self._ahead = self._call(None, draw=True)
+            return block
+        block, self._ahead = self._ahead, block
         return block
 
     def _call(self, stage: PyTree | None, *, draw: bool) -> Sample | None:
         priorities = None
         if self._priorities:
             priorities = tuple(np.concatenate(x) for x in zip(*self._priorities, strict=True))
-        run = self._calls.draw if draw else self._calls.write
-        self._state, self._key, block = run(
-            self._state, self._key, stage, priorities, self.sample_options
+        self._state, self._key, block = self._calls(
+            self._state, self._key, stage, priorities, self.sample_options, draw=draw
         )
         self._priorities = []
-        return None if block is None else _convert(block, self._output)
-
-
-class _Calls:
-    """A loop's jitted, donated calls (compiled once per loop and step structure)."""
-
-    def __init__(self, blocks: Blocks):
-        self.one = jax.jit(single_add(blocks.buffer), donate_argnums=0)
-        self.write = jax.jit(functools.partial(_run, blocks, draw=False), donate_argnums=0)
-        self.draw = jax.jit(functools.partial(_run, blocks, draw=True), donate_argnums=0)
-
-
-def _run(blocks: Blocks, state, key, steps, priorities, options, *, draw: bool):
-    """One call: staged priorities, then the staged steps, then (with `draw`) a block."""
-    if priorities is not None:
-        assert blocks.set_priorities is not None
-        state = blocks.set_priorities(state, *priorities)
-    if steps is not None:
-        state = blocks.write(state, steps)
-    if not draw:
-        return state, key, None
-    assert blocks.draw is not None
-    key, now = jax.random.split(key)
-    state, block = blocks.draw(state, now, **options)
-    return state, key, block
+        return block
 
 
 def _structure_mismatch(step: PyTree, first: Any) -> str:
@@ -311,12 +285,26 @@ def _paths(tree: PyTree) -> list[Any]:
     return [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _leaf_name(step: PyTree, index: int) -> str:
-    return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(step)[0][index][0])
-
-
-def _allocate(specs: list[jax.ShapeDtypeStruct], k: int) -> list[np.ndarray]:
-    return [np.empty((k, *spec.shape), spec.dtype) for spec in specs]
+def _check_delivery(blocks: Blocks, output: Any, device: Any, prefetch: Any) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
+    if device is not None and output == "numpy":
+        raise ValueError(
+            f"device={device!r} delivers blocks on a device, but output='numpy' delivers them "
+            "as host arrays: give output='jax' (or 'torch') with a device, or no device."
+        )
+    if not isinstance(prefetch, bool):
+        raise TypeError(f"prefetch must be True or False, got {prefetch!r}.")
+    moves = (
+        isinstance(blocks.buffer, Queue) or getattr(blocks.buffer, "next_batch", None) is not None
+    )
+    if prefetch and (blocks.draw is None or moves):
+        raise ValueError(
+            "prefetch draws each block one call before it is returned, which only samplers "
+            "whose draws leave the state as it was allow (uniform, prioritized): a queue's pop "
+            "or an epoch's next_batch would move the state past batches no one received yet "
+            "(and a loop that draws nothing has nothing to prefetch)."
+        )
 
 
 def _check_key(key: Any) -> jax.Array:
@@ -329,11 +317,3 @@ def _check_key(key: Any) -> jax.Array:
             f"{getattr(key, 'dtype', type(key).__name__)}{list(getattr(key, 'shape', []))}."
         )
     return key
-
-
-def _convert(block: Sample, output: str) -> Sample:
-    if output == "numpy":
-        return jax.tree.map(np.asarray, block)
-    if output == "torch":
-        return _export.to_torch(block)
-    return block

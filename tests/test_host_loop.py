@@ -227,7 +227,7 @@ def test_host_loop_draw_flushes_first_and_options_are_traced():
     loop.sample_options["importance_exponent"] = 0.5
     block = loop.draw()  # the staged step is written first
     assert bool(block.valid.all()) and set(np.asarray(block.experience).ravel()) <= {1, 2}
-    assert loop._calls.draw._cache_size() == 1  # beta changed without recompiling
+    assert loop._calls._draw._cache_size() == 1  # beta changed without recompiling
 
 
 def bad_step(field, value):
@@ -351,13 +351,13 @@ def test_a_failed_call_strands_nothing_and_the_next_add_writes_the_stage(monkeyp
     buffer = jaxbuf.make_transition_buffer(N, 16, 4)
     loop = jaxbuf.HostLoop(buffer, buffer.init(TRANSITION), jax.random.key(0), steps_per_call=4)
     steps = transition_steps(np.random.default_rng(4), 9)
-    draw = loop._calls.draw
+    draw = loop._calls._draw
 
     def fails_once(*args):
-        loop._calls.draw = draw
+        loop._calls._draw = draw
         raise RuntimeError("the device failed")
 
-    loop._calls.draw = fails_once
+    loop._calls._draw = fails_once
     for step in steps[:3]:
         loop.add(step)
     with pytest.raises(RuntimeError, match="the device failed"):
