@@ -34,11 +34,31 @@ def check_frames(frames: Any, capacity: int, allowed: tuple[str, ...] | None = N
 
 
 def check_leaves(frames: dict, step: PyTree, what: str) -> None:
-    """Raises unless every stacked name is a top-level key of the step."""
+    """Raises unless every stacked name is a top-level key of the step, holding
+    single frames (`check_single_frames`)."""
     missing = [name for name in frames if not isinstance(step, Mapping) or name not in step]
     if missing:
         keys = sorted(step) if isinstance(step, Mapping) else type(step).__name__
         raise ValueError(f"frames names {missing}, which {what} lacks (it has {keys}).")
+    for name, k in frames.items():
+        check_single_frames(name, k, step[name], f"{what}[{name!r}]")
+
+
+def check_single_frames(name: str, k: int, example: PyTree, what: str) -> None:
+    """Refuses an example leaf that looks stacked already: a leading axis of `k`
+    (Gymnasium's frame-stacking wrappers give `[k, *frame]`), which stacking would
+    turn into `[B, k, k, *frame]`."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(example):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if k > 1 and len(shape) >= 2 and shape[0] == k:
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)} has shape {shape}: a leading axis of "
+                f"{k}, the frames that frames={{{name!r}: {k}}} stacks itself at sample time, so "
+                f"it looks stacked already (Gymnasium's FrameStack, say). Give one frame: the "
+                f"newest, [-1] of the example (shape {shape[1:]}) and [:, -1] of each step's "
+                f"{name}; batches then hold [B, {k}, *{list(shape[1:])}]. A frame whose own "
+                f"first axis has {k} entries (channels) must put that axis last."
+            )
 
 
 def frame_times(

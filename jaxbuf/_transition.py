@@ -161,9 +161,7 @@ def _push_final(side: FinalObservations, position, steps: Transition, done, numb
         (side.experience, side.added_at), side.position, side.size, done,
         (steps.next_obs, numbers),
     )  # fmt: skip
-    slot_of = jax.vmap(_storage.write, in_axes=(0, None, 0, None))(
-        side.slot_of, position, slots.astype(side.slot_of.dtype), where
-    )
+    slot_of = _storage.write_times(side.slot_of, position, slots.astype(side.slot_of.dtype), where)
     return side.replace(
         experience=experience, position=next_slot, size=size, added_at=added_at, slot_of=slot_of
     )
@@ -273,10 +271,11 @@ def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k
     return stack(frames_at(starts, k)), next_obs
 
 
-def _init(num_envs: int, capacity: int, k: int, goals: _goals.Hindsight | None):
+def _init(num_envs: int, capacity: int, k: int, frames: int, goals: _goals.Hindsight | None):
     def init(example: Transition | Mapping) -> TimeRingState:
         example = _as_transition(example, "example")
         _check_example(example)
+        _frames.check_single_frames("obs", frames, example.obs, "example.obs")
         spec = _validation.item_spec(example, "example")
         if goals is not None:
             _goals.check(goals, spec.obs, "example.obs", episode=False)
@@ -348,7 +347,7 @@ def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _buffers.La
     place, flatten = _buffers.splitter(capacity)
 
     return _buffers.Layout(
-        init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length), goals),
+        init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length), k, goals),
         write=_writer(num_envs, capacity, n + 1),
         num_slots=num_envs * capacity,
         groups=num_envs,
