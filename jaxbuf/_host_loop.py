@@ -60,6 +60,19 @@ class HostLoop:
     - **Priorities**: `set_priorities(indices, priorities)` (a block's `[k, B]`
       at once, or a batch's `[B]`) are staged and applied at the next call,
       before its steps are written, in the order given.
+    - **Memory**: nothing is allocated per call. Two host stages take turns, and
+      each drawing call writes its block into the memory of the block of two
+      calls before, once nothing references that block any more (JAX never
+      reuses memory that NumPy views or Torch tensors still hold: a block you
+      keep stays valid, and the call allocates instead). Blocks returned as
+      JAX arrays on the state's device (`output="jax"`, no `device`) are never
+      reused. Resident memory: the state, two stages and about two blocks.
+    - **Prefetch** (`prefetch=True`, uniform and prioritized sampling): each
+      call draws the block the next call returns, so a block holds what was
+      written up to the call before the one that returns it (the last `2k`
+      steps may be missing) and its draw and transfer overlap the learner's
+      use of the previous block; the first call draws twice. Priorities set for
+      a block reach draws from two calls later.
 
     Args:
       buffer: any buffer `jaxbuf.blocks` takes (every sampled kind and sampler,
@@ -73,6 +86,11 @@ class HostLoop:
       output: `"numpy"` (views of the block on CPU, copies elsewhere),
         `"torch"` (`jaxbuf.to_torch`: no copy on CPU or CUDA) or `"jax"` (for a
         jitted learner that scans over the block).
+      device: where blocks are delivered (a `jax.Device` or `Sharding`: the
+        learner's), with `output="jax"` or `"torch"`; the state stays where it
+        is (on the host CPU for a buffer bigger than the accelerator's memory).
+        None: blocks come where the state is.
+      prefetch: draw each block one call ahead (see Prefetch above).
       **sample_options: the sampler's options (`importance_exponent` for
         `prioritized`); `loop.sample_options` may be changed between calls
         (traced: no recompilation).
@@ -238,7 +256,12 @@ class HostLoop:
         `prefetch`, the block drawn one call before is returned (the first call
         draws twice)."""
         block = self._call(self._stage.tree(), draw=draw)
-        self._stage.turn(self._key)
+        # the call may read the stage until it has run: a drawing call's new key
+        # tells when (waited for at the next turn); a call that only writes returns
+        # its key untouched, so its state is waited for now
+        if not draw:
+            jax.block_until_ready(self._state)
+        self._stage.turn(self._key if draw else None)
         if block is None or not self._prefetch:
             self._ahead = None
             return block
