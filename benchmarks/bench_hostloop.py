@@ -27,13 +27,21 @@ Run: `python benchmarks/bench_hostloop.py [--quick] [--out benchmarks/results]`.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, write_results
+from common import command_line, resident_bytes, write_results
 from gymnasium.vector import AutoresetMode
 
 import jaxbuf
@@ -231,12 +239,26 @@ def variants() -> dict:
     return found
 
 
-def per_step_times(trace: list, capacity: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per environment step of every variant, one list entry per round."""
-    steps = {name: make(capacity, trace[0][0]) for name, make in variants().items()}
-    for step in steps.values():  # compile, fill
-        for fields in trace:
-            step(*fields)
+def trimmed_resident() -> int:
+    """Resident bytes after freed heap memory is handed back (glibc `malloc_trim`),
+    so that one variant's freed memory does not count for the next."""
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return resident_bytes()
+
+
+def per_step_times(trace: list, capacity: int, repeats: int) -> tuple[dict, dict]:
+    """Seconds per environment step of every variant, one list entry per round, and
+    the resident bytes each variant added (made, filled, compiled, a round run)."""
+    steps, resident = {}, {}
+    for name, make in variants().items():
+        before = trimmed_resident()
+        steps[name] = make(capacity, trace[0][0])
+        for _ in range(2):  # compile, fill, and one round as timed
+            for fields in trace:
+                steps[name](*fields)
+        resident[name] = trimmed_resident() - before
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
@@ -244,10 +266,11 @@ def per_step_times(trace: list, capacity: int, repeats: int) -> dict[str, list[f
             for fields in trace:
                 step(*fields)
             times[name].append((time.perf_counter() - start) / len(trace))
-    return times
+    return times, resident
 
 
-def rows_of(env_name: str, times: dict[str, list[float]], env_seconds: float) -> list[dict]:
+def rows_of(env_name: str, measured: tuple[dict, dict], env_seconds: float) -> list[dict]:
+    times, resident = measured
     base = float(np.median(times["NumPy ring"]))
     rows = []
     for name, values in times.items():
@@ -256,8 +279,19 @@ def rows_of(env_name: str, times: dict[str, list[float]], env_seconds: float) ->
             "env": env_name, "buffer": name, "median_us": median * 1e6,
             "fastest_us": float(np.min(values)) * 1e6, "env_us": env_seconds * 1e6,
             "ratio": median / base, "share": median / (median + env_seconds),
+            "resident_mib": resident[name] / 2**20,
         })  # fmt: skip
     return rows
+
+
+def host_storage_rows(quick: bool) -> list[dict]:
+    """`hostloop_devices.py`'s rows: a host-stored buffer feeding a learner on a second
+    (simulated) device, run in its own process since JAX fixes its devices at start."""
+    script = pathlib.Path(__file__).with_name("hostloop_devices.py")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, str(script), *(["--quick"] if quick else [])],
+                          capture_output=True, text=True, env=env, check=True)  # fmt: skip
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def main() -> None:
@@ -268,15 +302,18 @@ def main() -> None:
     frames = frame_trace(steps // 2)
     rows += rows_of("84x84 uint8", per_step_times(frames, 8_000, repeats),
                     frame_env_time(steps // 2))  # fmt: skip
+    rows += host_storage_rows(args.quick)
     columns = [("environment", "env", "{}"), ("buffer", "buffer", "{}"),
                ("median µs/step", "median_us", "{:.1f}"), ("fastest", "fastest_us", "{:.1f}"),
                ("/ NumPy ring", "ratio", "{:.2f}"), ("env µs/step", "env_us", "{:.1f}"),
-               ("buffer's share", "share", "{:.2f}")]  # fmt: skip
+               ("buffer's share", "share", "{:.2f}"),
+               ("resident MiB added", "resident_mib", "{:.0f}"),
+               ("/ one device", "vs_one_device", "{:.2f}")]  # fmt: skip
     write_results(args.out, "hostloop", rows, columns, __doc__)
     for row in rows:
         print(f"{row['env']:12s} {row['buffer']:16s} {row['median_us']:8.1f} us/step "
-              f"(fastest {row['fastest_us']:.1f})  {row['ratio']:.2f} of NumPy ring, "
-              f"share {row['share']:.2f}")  # fmt: skip
+              f"(fastest {row['fastest_us']:.1f})  {row.get('ratio', 0):.2f} of NumPy ring, "
+              f"{row.get('vs_one_device', 0):.2f} of one device")  # fmt: skip
     frames_rows = {r["buffer"]: r for r in rows if r["env"] == "84x84 uint8"}
     if "cpprb" in frames_rows:
         best = min((frames_rows[f"jaxbuf k={k}"]["median_us"], k) for k in BLOCKS if k <= 32)

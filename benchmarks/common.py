@@ -50,6 +50,15 @@ def environment() -> dict:
     }
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux: `/proc/self/statm`; 0 elsewhere)."""
+    try:
+        pages = int(pathlib.Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def flashbax_device() -> str:
     """The `device=` of Flashbax's prioritized buffers: its sum-tree path for the
     backend the benchmark runs on (`"cpu"`, `"gpu"` or `"tpu"`)."""
