@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
-from jaxbuf import _buffers, _precision, _storage, _validation
+from jaxbuf import _buffers, _host_memory, _precision, _storage, _validation
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import RingState
 from jaxbuf._types import Buffer, PyTree
@@ -49,6 +49,7 @@ def make_replay_buffer(
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
     truncate_ok: bool = False,
     storage_dtypes: Mapping[str, Any] | None = None,
+    host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a replay buffer: a FIFO ring of items, drawn by `sampler`.
 
@@ -64,6 +65,11 @@ def make_replay_buffer(
         (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
         opt-in (see `jaxbuf._precision`: rounding to nearest, a clamp at the
         storage dtype's range, never an inf from a finite value).
+      host_memory: `("obs",)`: top-level item leaves allocated in the device's
+        `pinned_host` memory instead of its own (a buffer larger than the
+        accelerator's memory), written and read by row slices inside `add` and
+        `sample`; everything else stays in device memory. Needs JAX's memory
+        kinds (JAX 0.7+); raises at `make` where the device has none.
 
     Returns:
       A `Buffer` with `init(example)`, `add(state, items)` with leaves `[B, ...]`,
@@ -89,6 +95,7 @@ def make_replay_buffer(
     sampler = _buffers.check_sampler(sampler)
     truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
     narrow = _precision.check_storage_dtypes(storage_dtypes)
+    hosted = _host_memory.check_names(host_memory)
     if min_size > capacity:
         raise ValueError(
             f"min_size={min_size} exceeds capacity={capacity}: can_sample would never be true."
@@ -100,9 +107,10 @@ def make_replay_buffer(
         )
     layout = _precision.narrowed_layout(_layout(capacity, min_size, truncate_ok), narrow)
     return _buffers.assemble(
-        layout, sampler, sample_batch_size, kind="replay",
+        _host_memory.hosted_layout(layout, hosted), sampler, sample_batch_size, kind="replay",
         capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
         truncate_ok=truncate_ok, **({"storage_dtypes": narrow} if narrow else {}),
+        **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip
 
 

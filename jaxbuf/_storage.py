@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _validation
+from jaxbuf import _host_memory, _validation
 from jaxbuf._types import PyTree
 
 # A bool scalar that lets a write happen (None: always).
@@ -162,6 +162,8 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
         return column.at[rows].set(values, unique_indices=True, mode=mode)
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
+        if _host_memory.on_host(column):  # row slices only, on every platform
+            return _write_rows(column, _host_memory.to_host(values), position, where)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
             return scatter(column, values)
         slices = _write_rows if batch <= FEW_ROWS else _write_slices
@@ -225,7 +227,13 @@ def gated(where: Gate, new: PyTree, old: PyTree) -> PyTree:
 
 def read(experience: PyTree, *indices: jax.Array) -> PyTree:
     """Gathers `experience[indices]` (all in bounds) from every leaf."""
-    return jax.tree.map(lambda x: x.at[indices].get(mode="promise_in_bounds"), experience)
+
+    def one(leaf: jax.Array) -> jax.Array:
+        if _host_memory.on_host(leaf):  # row slices into device memory, never a gather
+            return _host_memory.read_rows(leaf, indices)
+        return leaf.at[indices].get(mode="promise_in_bounds")
+
+    return jax.tree.map(one, experience)
 
 
 def check_fits(batch: int, capacity: int, truncate_ok: bool, what: str) -> None:
