@@ -98,24 +98,59 @@ def hosted_layout(layout: Any, names: tuple[str, ...]) -> Any:
     return layout._replace(init=init)
 
 
-def to_host(values: jax.Array) -> jax.Array:
-    """`values` moved to host memory (inside jit: the rows an `add` writes)."""
-    return jax.device_put(values, _SPACE.Host)
+def write_rows(column: jax.Array, values: jax.Array, position: jax.Array, where: Any):
+    """`values` `[B, ...]` into rows `(position + j) % capacity` of a host column; none
+    where `where` is false. On CPU a loop of row updates; elsewhere `B` unrolled row
+    updates (no `while`: each iteration would be a launch driven from the host), each
+    gated on the device side."""
+    batch, capacity = values.shape[0], column.shape[0]
+
+    def looped() -> jax.Array:
+        count = batch if where is None else jnp.where(where, batch, 0)
+        hosted = jax.device_put(values, _SPACE.Host)
+
+        def one(j: jax.Array, column: jax.Array) -> jax.Array:
+            row = jax.lax.dynamic_slice_in_dim(hosted, j, 1)
+            return jax.lax.dynamic_update_slice_in_dim(column, row, (position + j) % capacity, 0)
+
+        return jax.lax.fori_loop(0, count, one, column)
+
+    def unrolled() -> jax.Array:
+        out = column
+        for j in range(batch):
+            at = (position + j) % capacity
+            row = values[j : j + 1]
+            if where is not None:
+                old = jax.device_put(jax.lax.dynamic_slice_in_dim(out, at, 1), _SPACE.Device)
+                row = jnp.where(where, row, old)
+            row = jax.device_put(row, _SPACE.Host)
+            out = jax.lax.dynamic_update_slice_in_dim(out, row, at, 0)
+        return out
+
+    return jax.lax.platform_dependent(cpu=looped, default=unrolled)
 
 
 def read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     """`column[indices]` (the index arrays broadcast together, one per leading axis)
-    read row by row out of host memory into device memory."""
+    read row by row out of host memory into device memory: a loop on CPU, unrolled
+    row reads elsewhere."""
     lead = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
     flat = [jnp.broadcast_to(jnp.asarray(i, jnp.int32), lead).ravel() for i in indices]
     rest = column.shape[len(indices) :]
     count = flat[0].shape[0] if flat else 1
     out = jnp.zeros((count, *rest), column.dtype)
 
-    def one(j: jax.Array, out: jax.Array) -> jax.Array:
+    def row(j: Any) -> jax.Array:
         start = [i[j] for i in flat] + [0] * len(rest)
-        row = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
-        row = jax.device_put(row, _SPACE.Device).reshape(1, *rest)
-        return jax.lax.dynamic_update_slice_in_dim(out, row, j, 0)
+        one = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
+        return jax.device_put(one, _SPACE.Device).reshape(1, *rest)
 
-    return jax.lax.fori_loop(0, count, one, out).reshape(*lead, *rest)
+    def looped() -> jax.Array:  # CPU: a loop of row reads
+        body = lambda j, out: jax.lax.dynamic_update_slice_in_dim(out, row(j), j, 0)  # noqa: E731
+        return jax.lax.fori_loop(0, count, body, out)
+
+    def unrolled() -> jax.Array:  # accelerators: `count` row reads, no `while`
+        return jnp.concatenate([row(j) for j in range(count)], axis=0)
+
+    rows = jax.lax.platform_dependent(cpu=looped, default=unrolled)
+    return rows.reshape(*lead, *rest)

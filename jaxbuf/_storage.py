@@ -163,7 +163,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
         if _host_memory.on_host(column):  # row slices only, on every platform
-            return _write_rows(column, _host_memory.to_host(values), position, where)
+            return _host_memory.write_rows(column, values, position, where)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
             return scatter(column, values)
         slices = _write_rows if batch <= FEW_ROWS else _write_slices

@@ -37,7 +37,7 @@ def assert_same(a, b) -> None:
 @pytest.mark.parametrize(
     "sampler", [jaxbuf.uniform(), jaxbuf.prioritized()], ids=["uniform", "prioritized"]
 )
-def test_host_placement_equals_device_placement_over_wrap_arounds(sampler):
+def test_host_placement_equals_device_placement_over_wrap_arounds(sampler, platform_path):
     hosted = jaxbuf.make_replay_buffer(37, 8, sampler=sampler, host_memory=("obs",))
     plain = jaxbuf.make_replay_buffer(37, 8, sampler=sampler)
     host_state, device_state = hosted.init(EXAMPLE), plain.init(EXAMPLE)
@@ -57,7 +57,7 @@ def test_host_placement_equals_device_placement_over_wrap_arounds(sampler):
     assert memory_kind(host_state.experience["obs"]) == "pinned_host"  # kept by donated adds
 
 
-def test_reads_of_host_rows_take_any_index_shape():
+def test_reads_of_host_rows_take_any_index_shape(platform_path):
     column = jax.device_put(jnp.arange(60, dtype=jnp.int32).reshape(4, 5, 3),
                             jax.memory.Space.Host)  # fmt: skip
     envs, times = jnp.array([[0], [3]]), jnp.array([[1, 4], [0, 2]])
