@@ -98,36 +98,25 @@ def hosted_layout(layout: Any, names: tuple[str, ...]) -> Any:
     return layout._replace(init=init)
 
 
-def write_rows(column: jax.Array, values: jax.Array, position: jax.Array, where: Any):
-    """`values` `[B, ...]` into rows `(position + j) % capacity` of a host column; none
-    where `where` is false. On CPU a loop of row updates; elsewhere `B` unrolled row
-    updates (no `while`: each iteration would be a launch driven from the host), each
-    gated on the device side."""
-    batch, capacity = values.shape[0], column.shape[0]
+def to_host(values: jax.Array) -> jax.Array:
+    """`values` moved to host memory (inside jit: the rows an `add` writes)."""
+    return jax.device_put(values, _SPACE.Host)
 
-    def looped() -> jax.Array:
-        count = batch if where is None else jnp.where(where, batch, 0)
-        hosted = jax.device_put(values, _SPACE.Host)
 
-        def one(j: jax.Array, column: jax.Array) -> jax.Array:
-            row = jax.lax.dynamic_slice_in_dim(hosted, j, 1)
-            return jax.lax.dynamic_update_slice_in_dim(column, row, (position + j) % capacity, 0)
-
-        return jax.lax.fori_loop(0, count, one, column)
-
-    def unrolled() -> jax.Array:
-        out = column
-        for j in range(batch):
-            at = (position + j) % capacity
-            row = values[j : j + 1]
-            if where is not None:
-                old = jax.device_put(jax.lax.dynamic_slice_in_dim(out, at, 1), _SPACE.Device)
-                row = jnp.where(where, row, old)
-            row = jax.device_put(row, _SPACE.Host)
-            out = jax.lax.dynamic_update_slice_in_dim(out, row, at, 0)
-        return out
-
-    return jax.lax.platform_dependent(cpu=looped, default=unrolled)
+def write_unrolled(column: jax.Array, values: jax.Array, position: jax.Array, where: Any):
+    """`values` `[B, ...]` into rows `(position + j) % capacity` of a host column as `B`
+    unrolled row updates (an accelerator's form: no `while`, whose iterations would be
+    launches driven from the host), each gated on the device side; none where `where`
+    is false. The CPU writes the rows in a loop instead (`_storage`)."""
+    capacity, out = column.shape[0], column
+    for j in range(values.shape[0]):
+        at = (position + j) % capacity
+        row = values[j : j + 1]
+        if where is not None:
+            old = jax.device_put(jax.lax.dynamic_slice_in_dim(out, at, 1), _SPACE.Device)
+            row = jnp.where(where, row, old)
+        out = jax.lax.dynamic_update_slice_in_dim(out, to_host(row), at, 0)
+    return out
 
 
 def read_rows(column: jax.Array, indices: tuple) -> jax.Array:

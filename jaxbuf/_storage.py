@@ -163,7 +163,9 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
         if _host_memory.on_host(column):  # row slices only, on every platform
-            return _host_memory.write_rows(column, values, position, where)
+            hosted = functools.partial(_write_rows, column, _host_memory.to_host(values))
+            unrolled = functools.partial(_host_memory.write_unrolled, column, values)
+            return jax.lax.platform_dependent(position, where, cpu=hosted, default=unrolled)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
             return scatter(column, values)
         slices = _write_rows if batch <= FEW_ROWS else _write_slices
@@ -291,8 +293,7 @@ def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate =
     per_row = jax.vmap(write, in_axes=(0, None, 0, None))
     if jax.tree_util.tree_leaves(steps)[0].shape[1] > 1:
         return per_row(rings, position, steps, where)
-    # one step per row: one column, never wrapping; on CPU one slice update (the
-    # per-row scatter copies whole narrow rings there)
+    # one step per row: one column, never wrapping; on CPU one slice update of it
     column = functools.partial(_write_column, position=position, where=where)
     return jax.lax.platform_dependent(
         rings, steps, cpu=lambda r, s: jax.tree.map(column, r, s),

@@ -53,7 +53,8 @@ def main() -> None:
         assert len(apart) == len(together) == STEPS // K
         for a, b in zip(apart, together, strict=True):
             assert all(x.devices() == {learner} for x in jax.tree.leaves(a))
-            assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+            pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+            assert all(np.array_equal(x, y) for x, y in pairs)
         assert np.array_equal(state.experience["id"], same_state.experience["id"])
     print("ok")
 

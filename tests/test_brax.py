@@ -1,6 +1,7 @@
 """jaxbuf.brax: Brax's replay-buffer interface, observations stored once, against a model of
 Brax's UniformSamplingQueue; Brax's own SAC trained with it where Brax runs."""
 
+import sys
 from typing import NamedTuple
 
 import chex
@@ -169,15 +170,13 @@ def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
     assert abs(ours[-1] - theirs[-1]) < 60
 
 
-def test_use_in_brax_without_brax_says_how_to_install_it():
-    try:
-        import brax  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match=r'pip install "jaxbuf\[brax\]"'):  # noqa: SIM117
-            with jaxbuf.brax.use_in_brax(num_envs=4):
-                pass
-    else:
-        pytest.skip("Brax is installed here")
+def test_use_in_brax_without_brax_says_how_to_install_it(monkeypatch):
+    for name in [m for m in sys.modules if m == "brax" or m.startswith("brax.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "brax", None)  # `import brax` raises, installed or not
+    with pytest.raises(ImportError, match=r'pip install "jaxbuf\[brax\]"'):  # noqa: SIM117
+        with jaxbuf.brax.use_in_brax(num_envs=4):
+            pass
 
 
 def test_bfloat16_observations_halve_their_bytes_and_come_back_as_float32():
