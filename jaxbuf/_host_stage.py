@@ -27,14 +27,13 @@ class Stage:
     def __init__(self, k: int):
         self.k, self.count = k, 0
         self.treedef: Any = None
-        self.specs: list[jax.ShapeDtypeStruct] = []
         self._arrays: list[np.ndarray] = []
         self._spare: list[np.ndarray] = []
         self._read_by: Any = None  # what the call that read `_spare` returns
 
     def allocate(self, treedef: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
         """Fixes the step's structure and allocates both stages."""
-        self.treedef, self.specs = treedef, specs
+        self.treedef = treedef
         self._arrays, self._spare = _allocate(specs, self.k), _allocate(specs, self.k)
 
     def put(self, leaves: list[np.ndarray]) -> None:
