@@ -10,13 +10,22 @@ episodes still stored, so `sample` draws uniformly among them in O(batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _buffers, _frames, _goals, _sampling, _storage, _trajectory, _validation
+from jaxbuf import (
+    _buffers,
+    _frames,
+    _goals,
+    _host_memory,
+    _sampling,
+    _storage,
+    _trajectory,
+    _validation,
+)
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -236,6 +245,7 @@ def make_episode_buffer(
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
+    host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
 
@@ -269,6 +279,11 @@ def make_episode_buffer(
         desired goal, and its reward (and termination) recomputed; the paths name
         leaves of the step (see `jaxbuf.hindsight`). `goal_source` is
         `[B, max_length]`.
+      host_memory: `("obs",)`: step leaves allocated in the device's
+        `pinned_host` memory instead of its own (a buffer larger than the
+        accelerator's memory), written and read by row slices inside `add` and
+        `sample`; everything else stays in device memory. Needs JAX's memory
+        kinds (JAX 0.7+); raises at `make` where the device has none.
 
     Returns:
       A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
@@ -294,10 +309,12 @@ def make_episode_buffer(
     sampler = _buffers.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
     _check_goals(goals, stacks)
+    hosted = _host_memory.check_names(host_memory)
     return _buffers.assemble(
-        _layout(config, done_fn, stacks, goals), sampler, config["sample_batch_size"],
-        kind="episode", **config, **_buffers.done_config(done_fn), frames=stacks or None,
-        goals=None if goals is None else goals.config,
+        _host_memory.hosted_layout(_layout(config, done_fn, stacks, goals), hosted), sampler,
+        config["sample_batch_size"], kind="episode", **config, **_buffers.done_config(done_fn),
+        frames=stacks or None, goals=None if goals is None else goals.config,
+        **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip
 
 

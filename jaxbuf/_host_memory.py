@@ -82,19 +82,27 @@ def place(experience: PyTree, names: tuple[str, ...]) -> PyTree:
     return {**experience, **moved}
 
 
-def hosted_layout(layout: Any, names: tuple[str, ...]) -> Any:
+def hosted_layout(layout: Any, names: tuple[str, ...], side: str | None = None) -> Any:
     """`layout` (a `_buffers.Layout`) whose `init` allocates the named experience
     leaves in host memory; its `write` and `expand` keep them there (see
-    `_storage.write` and `_storage.read`)."""
+    `_storage.write` and `_storage.read`). With `side` among `names`, the state's
+    side ring of that leaf (`state.side.experience`, the transition buffer's final
+    observations) goes to host memory too."""
     if not names:
         return layout
     check_platform()
 
-    def init(example: PyTree) -> Any:
+    def placed(example: PyTree) -> Any:
         state = layout.init(example)
-        return state.replace(experience=place(state.experience, names))
+        state = state.replace(experience=place(state.experience, names))
+        if side in names:
+            ring = jax.device_put(state.side.experience, _SPACE.Host)
+            state = state.replace(side=state.side.replace(experience=ring))
+        return state
 
-    return layout._replace(init=init)
+    # Jitted, so that the zeros are made where they stay: never the whole leaf in
+    # device memory first.
+    return layout._replace(init=lambda example: jax.jit(placed)(example))
 
 
 def to_host(values: jax.Array) -> jax.Array:
@@ -102,43 +110,88 @@ def to_host(values: jax.Array) -> jax.Array:
     return jax.device_put(values, _SPACE.Host)
 
 
+def to_device(values: jax.Array) -> jax.Array:
+    """`values` moved to device memory (inside jit: rows read out of host memory)."""
+    return jax.device_put(values, _SPACE.Device)
+
+
+def each(count: int, body: Any, carry: Any) -> Any:
+    """`carry = body(j, carry)` for `j` in `range(count)`: a loop on CPU; unrolled
+    elsewhere, where a `while`'s iterations would be launches driven from the host."""
+
+    def unrolled(carry: Any) -> Any:
+        for j in range(count):
+            carry = body(j, carry)
+        return carry
+
+    looped = lambda carry: jax.lax.fori_loop(0, count, body, carry)  # noqa: E731
+    return jax.lax.platform_dependent(carry, cpu=looped, default=unrolled)
+
+
 def write_unrolled(column: jax.Array, values: jax.Array, position: jax.Array, where: Any):
     """`values` `[B, ...]` into rows `(position + j) % capacity` of a host column as `B`
-    unrolled row updates (an accelerator's form: no `while`, whose iterations would be
-    launches driven from the host), each gated on the device side; none where `where`
-    is false. The CPU writes the rows in a loop instead (`_storage`)."""
+    unrolled row updates (an accelerator's form), each gated on the device side; none
+    where `where` is false. The CPU writes the rows in a loop instead (`_storage`)."""
     capacity, out = column.shape[0], column
     for j in range(values.shape[0]):
         at = (position + j) % capacity
         row = values[j : j + 1]
         if where is not None:
-            old = jax.device_put(jax.lax.dynamic_slice_in_dim(out, at, 1), _SPACE.Device)
-            row = jnp.where(where, row, old)
+            row = jnp.where(where, row, to_device(jax.lax.dynamic_slice_in_dim(out, at, 1)))
         out = jax.lax.dynamic_update_slice_in_dim(out, to_host(row), at, 0)
     return out
 
 
+def write_steps(column: jax.Array, steps: jax.Array, position: jax.Array, where: Any):
+    """`steps` `[N, T, ...]` into times `(position + t) % capacity` of a host time ring
+    `[N, capacity, ...]`: one slice update of `N` rows per step (a `vmap` would turn
+    the slices into a gather and a scatter, which host memory refuses); none where
+    `where` is false."""
+    capacity = column.shape[1]
+
+    def one(t: Any, column: jax.Array) -> jax.Array:
+        at = (position + t) % capacity
+        new = jax.lax.dynamic_slice_in_dim(steps, t, 1, axis=1)
+        if where is not None:
+            old = to_device(jax.lax.dynamic_slice_in_dim(column, at, 1, axis=1))
+            new = jnp.where(where, new, old)
+        return jax.lax.dynamic_update_slice_in_dim(column, to_host(new), at, axis=1)
+
+    return each(steps.shape[1], one, column)
+
+
+def write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Array):
+    """`column[indices] = values` where `valid`, row by row: `indices` (int32, one
+    array per leading axis) and `valid` (bool) share the shape `[*lead]`, `values` is
+    `[*lead, *row]`. Rows with `valid` false are kept (read back and written as they
+    were), so indices may repeat among them; among valid repeats the last wins."""
+    lead = jnp.shape(valid)
+    flat = [jnp.broadcast_to(i, lead).ravel().astype(jnp.int32) for i in indices]
+    keep = jnp.broadcast_to(valid, lead).ravel()
+    rows = values.reshape(-1, *values.shape[len(lead) :])
+    shape = (1,) * len(indices) + column.shape[len(indices) :]
+
+    def one(j: Any, column: jax.Array) -> jax.Array:
+        start = [i[j] for i in flat] + [0] * (column.ndim - len(indices))
+        old = to_device(jax.lax.dynamic_slice(column, start, shape))
+        row = jnp.where(keep[j], rows[j].reshape(shape), old)
+        return jax.lax.dynamic_update_slice(column, to_host(row), start)
+
+    return each(keep.shape[0], one, column)
+
+
 def read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     """`column[indices]` (the index arrays broadcast together, one per leading axis)
-    read row by row out of host memory into device memory: a loop on CPU, unrolled
-    row reads elsewhere."""
+    read row by row out of host memory into device memory."""
     lead = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
     flat = [jnp.broadcast_to(jnp.asarray(i, jnp.int32), lead).ravel() for i in indices]
     rest = column.shape[len(indices) :]
     count = flat[0].shape[0] if flat else 1
-    out = jnp.zeros((count, *rest), column.dtype)
 
-    def row(j: Any) -> jax.Array:
+    def one(j: Any, out: jax.Array) -> jax.Array:
         start = [i[j] for i in flat] + [0] * len(rest)
-        one = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
-        return jax.device_put(one, _SPACE.Device).reshape(1, *rest)
+        row = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
+        return jax.lax.dynamic_update_slice_in_dim(out, to_device(row).reshape(1, *rest), j, 0)
 
-    def looped() -> jax.Array:  # CPU: a loop of row reads
-        body = lambda j, out: jax.lax.dynamic_update_slice_in_dim(out, row(j), j, 0)  # noqa: E731
-        return jax.lax.fori_loop(0, count, body, out)
-
-    def unrolled() -> jax.Array:  # accelerators: `count` row reads, no `while`
-        return jnp.concatenate([row(j) for j in range(count)], axis=0)
-
-    rows = jax.lax.platform_dependent(cpu=looped, default=unrolled)
+    rows = each(count, one, jnp.zeros((count, *rest), column.dtype))
     return rows.reshape(*lead, *rest)

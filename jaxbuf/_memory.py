@@ -31,6 +31,8 @@ class MemoryReport:
       total: their sum.
       stored_steps: the item (or step) slots of the storage: `capacity`, or
         `num_envs * capacity`, times `num_buffers` for a vectorized buffer.
+      host: of `total`, the bytes in host memory (`host_memory=` leaves); the
+        device holds `total - host` (`device`).
 
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
@@ -45,6 +47,12 @@ class MemoryReport:
     leaves: dict[str, int]
     total: int
     stored_steps: int
+    host: int = 0
+
+    @property
+    def device(self) -> int:
+        """`total - host`: the bytes the device's own memory holds."""
+        return self.total - self.host
 
     @property
     def per_stored_step(self) -> float:
@@ -53,8 +61,10 @@ class MemoryReport:
 
     def __str__(self) -> str:
         rows = [f"{name}: {size:,} bytes" for name, size in self.leaves.items()]
-        return "\n".join([*rows, f"total: {self.total:,} bytes, {self.stored_steps:,} stored "
-                          f"steps, {self.per_stored_step:,.1f} bytes per stored step"])  # fmt: skip
+        hosted = f" ({self.host:,} in host memory)" if self.host else ""
+        steps = f"{self.stored_steps:,} stored steps"
+        return "\n".join([*rows, f"total: {self.total:,} bytes{hosted}, {steps}, "
+                          f"{self.per_stored_step:,.1f} bytes per stored step"])  # fmt: skip
 
 
 def memory(buffer: Any, example: PyTree) -> MemoryReport:
@@ -75,22 +85,34 @@ def memory(buffer: Any, example: PyTree) -> MemoryReport:
       >>> report.leaves[".experience['obs']"], report.stored_steps, report.per_stored_step
       (16000, 1000, 20.012)
     """
-    state = jax.eval_shape(buffer.init, example)
-    return report(state, example)
+    return report(shapes(lambda: buffer.init(example)), example)
+
+
+def shapes(make: Any) -> Any:
+    """The abstract values `make()` would return, with their memory spaces where
+    this JAX has them (JAX 0.7+: traced by `jit`); nothing is allocated."""
+    try:
+        return jax.jit(make).trace().out_avals
+    except AttributeError:  # an older JAX: shapes and dtypes only
+        return jax.eval_shape(make)
 
 
 def report(state: Any, example: PyTree) -> MemoryReport:
-    """The `MemoryReport` of a state's shapes (`jax.eval_shape` of `init`)."""
+    """The `MemoryReport` of a state's abstract values (`shapes` of `init`)."""
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
     leaves = {
         jax.tree_util.keystr(path): math.prod(leaf.shape) * leaf.dtype.itemsize
-        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+        for path, leaf in flat
     }
+    host = sum(leaves[jax.tree_util.keystr(path)] for path, leaf in flat
+               if str(getattr(leaf, "memory_space", "")).endswith("Host"))  # fmt: skip
     # every item leaf is stored behind the same leading axes: the fewest dimensions
     # of a stored leaf less the fewest of an item leaf is their number
     stored = min(jax.tree.leaves(state.experience), key=lambda leaf: leaf.ndim)
     leading = stored.ndim - min(np.ndim(leaf) for leaf in jax.tree.leaves(example))
     stored_steps = math.prod(stored.shape[:leading])
-    return MemoryReport(leaves=leaves, total=sum(leaves.values()), stored_steps=stored_steps)
+    return MemoryReport(leaves=leaves, total=sum(leaves.values()), stored_steps=stored_steps,
+                        host=host)  # fmt: skip
 
 
 def device_free_bytes(device: Any = None) -> int | None:
@@ -111,10 +133,12 @@ def device_free_bytes(device: Any = None) -> int | None:
 
 def check_fits(state: Any, example: PyTree) -> None:
     """Raises a `ValueError` (before anything is allocated) if the state of these
-    shapes cannot fit the default device's free memory."""
+    shapes cannot fit the default device's free memory (leaves in host memory
+    aside, except on a CPU, whose memories are one)."""
     needed = report(state, example)
     free = device_free_bytes()
-    if free is None or needed.total <= free:
+    own = needed.total if jax.devices()[0].platform == "cpu" else needed.device
+    if free is None or own <= free:
         return
     largest = max(needed.leaves, key=needed.leaves.__getitem__)
     raise ValueError(

@@ -290,6 +290,9 @@ def append_steps(state: TimeRingState, steps: PyTree, where: Gate = None) -> Tim
 def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate = None) -> PyTree:
     """`write` of `T` steps per row into time-major rings (leaves `[N, capacity, ...]`
     and `[N, T, ...]`), at the same `position` of every row."""
+    if any(_host_memory.on_host(ring) for ring in jax.tree.leaves(rings)):  # leaf by leaf
+        return jax.tree.map(functools.partial(_write_leaf_times, position=position, where=where),
+                            rings, steps)  # fmt: skip
     per_row = jax.vmap(write, in_axes=(0, None, 0, None))
     if jax.tree_util.tree_leaves(steps)[0].shape[1] > 1:
         return per_row(rings, position, steps, where)
@@ -298,6 +301,13 @@ def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate =
     return jax.lax.platform_dependent(
         rings, steps, cpu=lambda r, s: jax.tree.map(column, r, s),
         default=lambda r, s: per_row(r, position, s, where))  # fmt: skip
+
+
+def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, where: Gate):
+    """`write_times` of one leaf, which may live in host memory."""
+    if _host_memory.on_host(ring):
+        return _host_memory.write_steps(ring, steps, position, where)
+    return write_times(ring, position, steps, where)
 
 
 def _write_column(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
@@ -354,7 +364,13 @@ def push_where(
     slots = (next_slot[:, None] + rank) % k
     rows = jnp.where(mask & (rank >= count[:, None] - k), slots, k)  # k: out of bounds, dropped
     envs = jnp.arange(mask.shape[0], dtype=jnp.int32)[:, None]
-    rings = jax.tree.map(lambda ring, v: ring.at[envs, rows].set(v, mode="drop"), rings, values)
+
+    def push(ring: jax.Array, v: jax.Array) -> jax.Array:
+        if _host_memory.on_host(ring):  # row writes, never a scatter
+            return _host_memory.write_at(ring, (envs, jnp.minimum(rows, k - 1)), v, rows < k)
+        return ring.at[envs, rows].set(v, mode="drop")
+
+    rings = jax.tree.map(push, rings, values)
     return rings, (next_slot + count) % k, jnp.minimum(filled + count, k), slots
 
 

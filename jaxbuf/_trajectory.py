@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _buffers, _frames, _storage, _validation
+from jaxbuf import _buffers, _frames, _host_memory, _storage, _validation
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -176,6 +176,7 @@ def make_trajectory_buffer(
     done_fn: Callable[[PyTree], jax.Array] | None = None,
     frames: Mapping[str, int] | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
+    host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a buffer of per-environment trajectories that samples sequences.
 
@@ -195,6 +196,11 @@ def make_trajectory_buffer(
         last `k` steps, `[B, L, k, ...]` (see `jaxbuf._frames`; episode starts
         come from `done_fn`, without it only the oldest stored step limits a
         stack); storage keeps one frame per step.
+      host_memory: `("obs",)`: step leaves allocated in the device's
+        `pinned_host` memory instead of its own (a buffer larger than the
+        accelerator's memory), written and read by row slices inside `add` and
+        `sample`; everything else stays in device memory. Needs JAX's memory
+        kinds (JAX 0.7+); raises at `make` where the device has none.
 
     Returns:
       A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
@@ -219,7 +225,10 @@ def make_trajectory_buffer(
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _buffers.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
+    hosted = _host_memory.check_names(host_memory)
     return _buffers.assemble(
-        _layout(config, done_fn, stacks), sampler, config["sample_batch_size"], kind="trajectory",
-        **config, **_buffers.done_config(done_fn), frames=stacks or None,
+        _host_memory.hosted_layout(_layout(config, done_fn, stacks), hosted), sampler,
+        config["sample_batch_size"], kind="trajectory", **config,
+        **_buffers.done_config(done_fn), frames=stacks or None,
+        **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip

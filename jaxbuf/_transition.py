@@ -12,7 +12,7 @@ slots hold the final observation of every episode end still in storage.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,7 @@ from jaxbuf import (
     _buffers,
     _frames,
     _goals,
+    _host_memory,
     _precision,
     _sampling,
     _storage,
@@ -376,6 +377,7 @@ def make_transition_buffer(
     goals: _goals.Hindsight | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
     storage_dtypes: Mapping[str, Any] | None = None,
+    host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
 
@@ -416,6 +418,12 @@ def make_transition_buffer(
         (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
         opt-in (rounding to nearest, a clamp at the storage dtype's range, never
         an inf from a finite value; not with `goals`).
+      host_memory: `("obs",)`: stored step leaves allocated in the device's
+        `pinned_host` memory instead of its own (a buffer larger than the
+        accelerator's memory; `obs` takes its final observations along), written
+        and read by row slices inside `add` and `sample`; everything else stays
+        in device memory. Needs JAX's memory kinds (JAX 0.7+); raises at `make`
+        where the device has none.
 
     Returns:
       A `Buffer` with `init(example)` taking one `Transition` (or a dict with its field
@@ -446,11 +454,16 @@ def make_transition_buffer(
     stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
     _check_goals(goals, config["n_step"], stacks)
     narrow = _precision.check_storage_dtypes(storage_dtypes)
+    hosted = _host_memory.check_names(host_memory)
     if narrow and goals is not None:
         raise ValueError("storage_dtypes and goals cannot be combined: the reward function "
                          "reads the stored goals, which must keep their dtype.")  # fmt: skip
     return _buffers.assemble(
-        _precision.narrowed_layout(_layout(config, stacks.get("obs", 1), goals), narrow),
+        _host_memory.hosted_layout(
+            _precision.narrowed_layout(_layout(config, stacks.get("obs", 1), goals), narrow),
+            hosted,
+            side="obs",
+        ),
         sampler,
         config["sample_batch_size"],
         kind="transition",
@@ -458,6 +471,7 @@ def make_transition_buffer(
         frames=stacks or None,
         goals=None if goals is None else goals.config,
         **({"storage_dtypes": narrow} if narrow else {}),
+        **({"host_memory": hosted} if hosted else {}),
     )
 
 

@@ -78,3 +78,83 @@ def test_a_device_without_host_memory_is_refused_at_make(monkeypatch):
     monkeypatch.setattr(_host_memory, "_memory_kinds", lambda: {"device"})
     with pytest.raises(ValueError, match=r"host_memory needs JAX's memory kinds.*offers"):
         jaxbuf.make_replay_buffer(8, 2, host_memory=("obs",))
+
+
+def random_steps(rng, num_envs: int, length: int) -> dict:
+    """Steps `[num_envs, length, ...]` with frequent episode ends."""
+    return {"obs": rng.integers(0, 255, (num_envs, length, 5, 4), dtype=np.uint8),
+            "action": rng.integers(0, 5, (num_envs, length)).astype(np.int32),
+            "reward": rng.normal(size=(num_envs, length)).astype(np.float32),
+            "terminated": rng.random((num_envs, length)) < 0.1,
+            "truncated": rng.random((num_envs, length)) < 0.1}  # fmt: skip
+
+
+def run_side_by_side(make, example: dict, steps_of, rounds: int = 30) -> None:
+    """Donated adds (several steps, then one step, in turn) and samples of a host-placed
+    buffer and a device-placed one, compared bit for bit after every call."""
+    hosted, plain = make(host_memory=("obs",)), make()
+    host_state, device_state = hosted.init(example), plain.init(example)
+    assert memory_kind(host_state.experience["obs"]) == "pinned_host"
+    calls = [(jax.jit(b.add, donate_argnums=0), jax.jit(b.add_step, donate_argnums=0),
+              jax.jit(b.sample)) for b in (hosted, plain)]  # fmt: skip
+    rng = np.random.default_rng(1)
+    for i in range(rounds):
+        length = 1 if i % 2 else int(rng.integers(2, 9))
+        steps = steps_of(rng, length)
+        if length == 1:
+            one = jax.tree.map(lambda x: x[:, 0], steps)
+            host_state, device_state = calls[0][1](host_state, one), calls[1][1](device_state, one)
+        else:
+            host_state, device_state = calls[0][0](host_state, steps), calls[1][0](device_state,
+                                                                                     steps)  # fmt: skip
+        if plain.can_sample(device_state):
+            key = jax.random.key(i)
+            from_host = calls[0][2](host_state, key)
+            assert_same(from_host, calls[1][2](device_state, key))
+            assert memory_kind(jax.tree.leaves(from_host.experience)[0]) == "device"
+    assert_same(host_state, device_state)
+    assert memory_kind(host_state.experience["obs"]) == "pinned_host"
+
+
+@pytest.mark.parametrize("frames", [None, {"obs": 4}], ids=["no frames", "frames"])
+def test_transition_buffer_with_host_observations_equals_device(frames, platform_path):
+    """23 steps per environment (about 10 wrap-arounds), n-step 3, a side ring of final
+    observations so short (min_episode_length=4) that it overwrites its oldest too."""
+
+    def make(**host):
+        return jaxbuf.make_transition_buffer(3, 23, 16, n_step=3, frames=frames,
+                                             min_episode_length=4, **host)  # fmt: skip
+
+    example = {**{k: v[0, 0] for k, v in random_steps(np.random.default_rng(0), 1, 1).items()},
+               "next_obs": np.zeros((5, 4), np.uint8)}  # fmt: skip
+
+    def steps_of(rng, length):
+        steps = random_steps(rng, 3, length)
+        return {**steps, "next_obs": rng.integers(0, 255, (3, length, 5, 4), dtype=np.uint8)}
+
+    run_side_by_side(make, example, steps_of)
+    state = make(host_memory=("obs",)).init(example)
+    assert memory_kind(state.side.experience) == "pinned_host"  # final observations too
+
+
+@pytest.mark.parametrize("kind", ["trajectory", "episode"])
+def test_trajectory_and_episode_buffers_with_host_frames_equal_device(kind, platform_path):
+    def done(step):
+        return step["terminated"] | step["truncated"]
+
+    def make(**host):
+        if kind == "trajectory":
+            return jaxbuf.make_trajectory_buffer(2, 19, 8, 5, done_fn=done,
+                                                 frames={"obs": 3}, **host)  # fmt: skip
+        return jaxbuf.make_episode_buffer(2, 19, 8, 6, done_fn=done, frames={"obs": 3}, **host)
+
+    example = {k: v[0, 0] for k, v in random_steps(np.random.default_rng(0), 1, 1).items()}
+    run_side_by_side(make, example, lambda rng, length: random_steps(rng, 2, length))
+
+
+def test_transition_host_memory_names_stored_leaves():
+    buffer = jaxbuf.make_transition_buffer(2, 8, 2, host_memory=("next_obs",))
+    example = {**{k: v[0, 0] for k, v in random_steps(np.random.default_rng(0), 1, 1).items()},
+               "next_obs": np.zeros((5, 4), np.uint8)}  # fmt: skip
+    with pytest.raises(ValueError, match=r"host_memory names \['next_obs'\].*'obs'"):
+        buffer.init(example)
