@@ -76,13 +76,18 @@ def rows_looped(column: jax.Array, index: jax.Array, width: int = 1) -> jax.Arra
 def rows_host_gather(column: jax.Array, index: jax.Array, width: int = 1) -> jax.Array:
     """The gather computed by the host on host memory; its `[B, width, ...]` result
     moved to the device in one transfer."""
+    import inspect
+
     from jax.experimental.compute_on import compute_on
 
-    @compute_on("device_host")
-    @jax.jit
     def gather(column, at):
         return column[at]
 
+    if "out_memory_spaces" in inspect.signature(compute_on).parameters:  # JAX 0.11+
+        gather = compute_on(jax.jit(gather), compute_type="device_host",
+                            out_memory_spaces=jax.memory.Space.Host)  # fmt: skip
+    else:
+        gather = compute_on("device_host")(jax.jit(gather))
     at = index[:, None] + jnp.arange(width, dtype=index.dtype)[None]
     return to_device(gather(column, jax.device_put(at, jax.memory.Space.Host)))
 
@@ -256,6 +261,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=1_000_000, help="frames stored")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--parts", default="read256,write,buffer,dqn,read8192")
+    parser.add_argument("--forms", default="unrolled,looped,host gather",
+                        help="host read forms at B=256 (8192 takes the last two)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     table, parts = Table(args.out), args.parts.split(",")
@@ -266,7 +273,7 @@ def main() -> None:
               else (device_bytes() - before) / 2**30, note=f"{args.capacity:,} frames")  # fmt: skip
     device = jnp.zeros((args.capacity, *FRAME), jnp.uint8)
     if "read256" in parts:
-        reads(table, host, device, 256, ["unrolled", "looped", "host gather"], args.repeats)
+        reads(table, host, device, 256, args.forms.split(","), args.repeats)
     if "write" in parts:
         writes(table, host, device, args.repeats)
     del host, device
@@ -278,7 +285,8 @@ def main() -> None:
     if "read8192" in parts:  # last: the forms whose cost is least known
         host = host_zeros((args.capacity, *FRAME), jnp.uint8)
         device = jnp.zeros((args.capacity, *FRAME), jnp.uint8)
-        reads(table, host, device, 8192, ["looped", "host gather"], max(args.repeats // 3, 5))
+        forms = [f for f in args.forms.split(",") if f != "unrolled"]
+        reads(table, host, device, 8192, forms, max(args.repeats // 3, 5))
 
 
 if __name__ == "__main__":

@@ -162,10 +162,11 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
         return column.at[rows].set(values, unique_indices=True, mode=mode)
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
-        if _host_memory.on_host(column):  # row slices only, on every platform
-            hosted = functools.partial(_write_rows, column, _host_memory.to_host(values))
-            unrolled = functools.partial(_host_memory.write_unrolled, column, values)
-            return jax.lax.platform_dependent(position, where, cpu=hosted, default=unrolled)
+        if _host_memory.on_host(column):  # slices only; accelerators: two windows
+            rows = functools.partial(_write_rows, column, _host_memory.to_host(values))
+            windows = functools.partial(_write_slices, column, values)
+            cpu = rows if batch <= FEW_ROWS else windows
+            return jax.lax.platform_dependent(position, where, cpu=cpu, default=windows)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
             return scatter(column, values)
         slices = _write_rows if batch <= FEW_ROWS else _write_slices
@@ -202,7 +203,8 @@ def _write_slices(column: jax.Array, values: jax.Array, position: jax.Array, whe
     """`write` of one leaf as two `dynamic_update_slice`s: rows `[0, B)` first, then
     `[start, start + B)` with `start = min(position, capacity - B)`, each window's rows
     that the write does not reach keeping what they held (read after the first update,
-    so windows that overlap when `capacity < 2B` stay right)."""
+    so windows that overlap when `capacity < 2B` stay right). A column in host memory
+    is read and written by the same two windows: four copies, whatever `B`."""
     batch, capacity = values.shape[0], column.shape[0]
     start = jnp.minimum(position, capacity - batch)
     shift = position - start  # > 0 only where the write wraps around: rows [0, shift)
@@ -210,9 +212,12 @@ def _write_slices(column: jax.Array, values: jax.Array, position: jax.Array, whe
     j = jnp.arange(batch, dtype=jnp.int32).reshape(-1, *[1] * (values.ndim - 1))
     allowed = True if where is None else where
 
+    hosted = _host_memory.on_host(column)  # windows move: out to merge, back to write
+
     def update(column: jax.Array, at: jax.Array, new: jax.Array) -> jax.Array:
         old = jax.lax.dynamic_slice_in_dim(column, at, batch)
-        merged = jnp.where(new & allowed, rolled, old)
+        merged = jnp.where(new & allowed, rolled, _host_memory.to_device(old) if hosted else old)
+        merged = _host_memory.to_host(merged) if hosted else merged
         return jax.lax.dynamic_update_slice_in_dim(column, merged, at, axis=0)
 
     column = update(column, jnp.int32(0), j < shift)

@@ -3,6 +3,8 @@ bit, as device placement, with the named leaves kept in `pinned_host` memory thr
 donated adds and samples that come back in device memory (this CPU has JAX's memory
 kinds, all the same RAM)."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,17 +39,24 @@ def assert_same(a, b) -> None:
 @pytest.mark.parametrize(
     "sampler", [jaxbuf.uniform(), jaxbuf.prioritized()], ids=["uniform", "prioritized"]
 )
-def test_host_placement_equals_device_placement_over_wrap_arounds(sampler, platform_path):
-    hosted = jaxbuf.make_replay_buffer(37, 8, sampler=sampler, host_memory=("obs",))
-    plain = jaxbuf.make_replay_buffer(37, 8, sampler=sampler)
+@pytest.mark.parametrize(
+    ("capacity", "batch", "most"), [(37, 8, 11), (151, 48, 90)], ids=["rows", "blocks"]
+)
+def test_host_placement_equals_device_placement_over_wrap_arounds(
+    sampler, capacity, batch, most, platform_path
+):
+    """Few rows: row slices both ways. Many: host-gathered reads, adds of up to 90 rows
+    (two windows on accelerators and, past 64 rows, on CPU)."""
+    hosted = jaxbuf.make_replay_buffer(capacity, batch, sampler=sampler, host_memory=("obs",))
+    plain = jaxbuf.make_replay_buffer(capacity, batch, sampler=sampler)
     host_state, device_state = hosted.init(EXAMPLE), plain.init(EXAMPLE)
     assert memory_kind(host_state.experience["obs"]) == "pinned_host"
     assert memory_kind(host_state.experience["reward"]) == "device"
     adds = [jax.jit(b.add, donate_argnums=0) for b in (hosted, plain)]
     samples = [jax.jit(b.sample) for b in (hosted, plain)]
     rng = np.random.default_rng(0)
-    for i in range(40):  # about 6 wrap-arounds, adds of 1 to 11 items
-        items = random_items(rng, int(rng.integers(1, 12)))
+    for i in range(40):  # 6 to 12 wrap-arounds
+        items = random_items(rng, int(rng.integers(1, most + 1)))
         host_state, device_state = adds[0](host_state, items), adds[1](device_state, items)
         key = jax.random.key(i)
         from_host, from_device = samples[0](host_state, key), samples[1](device_state, key)
@@ -60,10 +69,12 @@ def test_host_placement_equals_device_placement_over_wrap_arounds(sampler, platf
 def test_reads_of_host_rows_take_any_index_shape(platform_path):
     column = jax.device_put(jnp.arange(60, dtype=jnp.int32).reshape(4, 5, 3),
                             jax.memory.Space.Host)  # fmt: skip
-    envs, times = jnp.array([[0], [3]]), jnp.array([[1, 4], [0, 2]])
-    rows = jax.jit(_host_memory.read_rows, static_argnums=())(column, (envs, times))
-    expected = np.arange(60).reshape(4, 5, 3)[np.asarray(envs), np.asarray(times)]
-    assert np.array_equal(rows, expected) and memory_kind(rows) == "device"
+    rng = np.random.default_rng(3)
+    for count in (2, _host_memory.ROW_SLICES + 1):  # row slices; a host gather
+        envs, times = rng.integers(0, 4, (count, 1)), rng.integers(0, 5, (count, 2))
+        rows = jax.jit(_host_memory.read_rows)(column, (jnp.asarray(envs), jnp.asarray(times)))
+        expected = np.arange(60).reshape(4, 5, 3)[envs, times]
+        assert np.array_equal(rows, expected) and memory_kind(rows) == "device"
 
 
 def test_host_memory_is_checked():
@@ -158,3 +169,31 @@ def test_transition_host_memory_names_stored_leaves():
                "next_obs": np.zeros((5, 4), np.uint8)}  # fmt: skip
     with pytest.raises(ValueError, match=r"host_memory names \['next_obs'\].*'obs'"):
         buffer.init(example)
+
+
+def test_host_census_finds_no_whole_transfer_and_no_gather_in_device_code():
+    """The host census (tests/census_host.py) of every host-placed kind, on cuda and tpu:
+    rows move by slices or host-computed gathers, never the array; the page shows it."""
+    import census_host
+    from census import HOST_SECTION
+
+    rows = census_host.table()
+    for name, per_platform in rows.items():
+        for platform, found in per_platform.items():
+            where = f"{name} on {platform}"
+            assert found["whole transfers"] == 0 and found["device gathers/scatters"] == 0, where
+            assert found["while"] == 0 and found["case/if"] == 0, where
+            assert found["row slices"] + found["host gathers"] > 0, where
+    assert rows["replay/uniform B=16.sample"]["cuda"]["host gathers"] == 0  # 16 row slices
+    assert rows["replay/uniform B=256.sample"]["cuda"]["row slices"] == 0  # a host gather
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "census.md").read_text()
+    assert census_host.markdown(rows) in page.split(HOST_SECTION)[1], "regenerate the page"
+
+
+def test_host_census_sees_a_whole_transfer():
+    import census_host
+    from census import lowered
+
+    column = jax.device_put(jnp.zeros((64, 7), jnp.uint8), jax.memory.Space.Host)
+    whole = lowered(lambda c: jax.device_put(c, jax.memory.Space.Device).sum(), (column,), "cuda")
+    assert census_host.host_counts(whole)["whole transfers"] == 1
