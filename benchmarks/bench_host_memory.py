@@ -33,6 +33,7 @@ import numpy as np
 from common import interleaved_times, write_results
 
 import jaxbuf
+from jaxbuf import _buffers
 
 FRAME = (84, 84)
 COLUMNS = [("part", "part", "{}"), ("variant", "variant", "{}"), ("B", "batch", "{}"),
@@ -190,16 +191,41 @@ def transition(num_envs: int, capacity: int, batch: int, host: bool):
     return buffer, state, step, held
 
 
+def sample_of(buffer, batch: int) -> Callable:
+    """`buffer.sample` drawing `batch` items (the same state serves every batch size)."""
+    return partial(_buffers.sample, buffer.layout, buffer.sampler, batch)
+
+
+def replay_samples(table: Table, capacity: int, repeats: int) -> None:
+    """A replay buffer of single 84x84 frames: sample 256 and 8,192, host against device."""
+    example = {"obs": jnp.zeros(FRAME, jnp.uint8), "action": jnp.int32(0)}
+    states = {}
+    for name, host in (("device", False), ("host", True)):
+        buffer = jaxbuf.make_replay_buffer(capacity, 256, host_memory=("obs",) if host else None)
+        state = buffer.init(example)
+        states[name] = (buffer, state.replace(size=jnp.int32(capacity)))
+    for batch in (256, 8192):
+        cases = {name: (sample_of(b, batch), (s, jax.random.key(0)))
+                 for name, (b, s) in states.items()}  # fmt: skip
+        compare(table, "replay sample", batch, cases, repeats, note="single frames")
+
+
 def buffer_ops(table: Table, capacity: int, repeats: int) -> dict:
-    """The transition buffer's add_step and sample, host-placed against device-resident."""
+    """The transition buffer's sample (stacks of 4 frames) at B=32 and 256, and a replay
+    buffer's sample of single frames at 256 and 8,192, host-placed against
+    device-resident; returns the transition buffers (B=32) for the DQN step."""
     made = {}
     for name, host in (("device", False), ("host", True)):
         buffer, state, step, held = transition(4, capacity // 4, 32, host)
         made[name] = (buffer, state, step)
         table.add(part="init 1M frames", variant=name, device_gib=None if held is None
                   else held / 2**30, note="device bytes the state holds")  # fmt: skip
-    cases = {name: (b.sample, (s, jax.random.key(0))) for name, (b, s, _) in made.items()}
-    compare(table, "transition sample", 32, cases, repeats, note="frames k=4, n=1")
+    for batch in (32, 256):
+        cases = {}
+        for name, (buffer, state, _) in made.items():
+            cases[name] = (sample_of(buffer, batch), (state, jax.random.key(0)))
+        compare(table, "transition sample", batch, cases, repeats, note="stacks of 4 frames")
+    replay_samples(table, capacity, repeats)
     return made
 
 
@@ -261,8 +287,11 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=1_000_000, help="frames stored")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--parts", default="read256,write,buffer,dqn,read8192")
-    parser.add_argument("--forms", default="unrolled,looped,host gather",
-                        help="host read forms at B=256 (8192 takes the last two)")
+    parser.add_argument(
+        "--forms",
+        default="unrolled,looped,host gather",
+        help="host read forms at B=256 (8192 takes the last two)",
+    )
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     table, parts = Table(args.out), args.parts.split(",")

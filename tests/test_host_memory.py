@@ -112,12 +112,9 @@ def run_side_by_side(make, example: dict, steps_of, rounds: int = 30) -> None:
     for i in range(rounds):
         length = 1 if i % 2 else int(rng.integers(2, 9))
         steps = steps_of(rng, length)
-        if length == 1:
-            one = jax.tree.map(lambda x: x[:, 0], steps)
-            host_state, device_state = calls[0][1](host_state, one), calls[1][1](device_state, one)
-        else:
-            host_state, device_state = calls[0][0](host_state, steps), calls[1][0](device_state,
-                                                                                     steps)  # fmt: skip
+        which, data = (1, jax.tree.map(lambda x: x[:, 0], steps)) if length == 1 else (0, steps)
+        host_state = calls[0][which](host_state, data)
+        device_state = calls[1][which](device_state, data)
         if plain.can_sample(device_state):
             key = jax.random.key(i)
             from_host = calls[0][2](host_state, key)
