@@ -114,7 +114,7 @@ def uniform(replacement: bool = True) -> Sampler:
         counts = layout.counts(state)
         # The total as the last running sum: with `counts.sum()` instead, XLA fused the
         # index hash into the group search and ran it once per group (2.5x slower).
-        ends = jnp.cumsum(counts) if counts.ndim else None
+        ends = _sampling.running_sum(counts) if counts.ndim else None
         total = counts * layout.groups if ends is None else ends[-1]
         if layout.groups == 1:
             group, member = jnp.zeros((count,), jnp.int32), pick(key, total, count)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _host_memory, _validation
+from jaxbuf import _host_memory, _sampling, _validation
 from jaxbuf._types import PyTree
 
 # A bool scalar that lets a write happen (None: always).
@@ -364,7 +364,7 @@ def push_where(
       each appended value went to (meaningless where `mask` is false).
     """
     k = jax.tree_util.tree_leaves(rings)[0].shape[1]
-    rank = jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
+    rank = _sampling.running_sum(mask, axis=1) - 1
     count = rank[:, -1] + 1
     slots = (next_slot[:, None] + rank) % k
     rows = jnp.where(mask & (rank >= count[:, None] - k), slots, k)  # k: out of bounds, dropped

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _buffers, _frames, _host_memory, _storage, _validation
+from jaxbuf import _buffers, _frames, _host_memory, _sampling, _storage, _validation
 from jaxbuf._samplers import Changes, Sampler, uniform
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import Buffer, PyTree
@@ -162,7 +162,7 @@ def windows(
 def episode_mask(done: jax.Array) -> jax.Array:
     """True up to and including the first true of each row of `done` `[batch, L]`."""
     done = done.astype(jnp.int32)
-    return (jnp.cumsum(done, axis=1) - done) == 0
+    return (_sampling.running_sum(done, axis=1) - done) == 0
 
 
 def make_trajectory_buffer(

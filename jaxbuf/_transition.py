@@ -149,7 +149,7 @@ def _write_final(side: FinalObservations, position, added, steps: Transition, ca
     newest = pushed - 1
     old_slot = (side.position - side.size + newest) % k
     old_number = jnp.take_along_axis(side.added_at, old_slot[:, None], axis=1)[:, 0]
-    rank = jnp.cumsum(done, axis=1, dtype=jnp.int32) - 1
+    rank = _sampling.running_sum(done, axis=1) - 1
     new_index = jnp.argmax(done & (rank == (newest - side.size)[:, None]), axis=1)
     new_number = jnp.take_along_axis(numbers, new_index[:, None], axis=1)[:, 0]
     number = jnp.where(newest < side.size, old_number, new_number)
