@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jaxbuf import _checkpoint_leaves
+from jaxbuf import _checkpoint_leaves, _host_memory
 from jaxbuf._types import Config
 from jaxbuf._version import __version__
 
@@ -409,7 +409,8 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
         data_file = folder / metadata["data_file"]
         if metadata["format_version"] == 1:
             return _restore_msgpack(file.read(), metadata, template, data_file)
-        return _read_leaves(file, metadata, template, data_file)
+        hosted = _host_memory.hosted_paths(template, buffer)
+        return _read_leaves(file, metadata, template, data_file, hosted)
 
 
 def _open_current(folder: pathlib.Path) -> tuple[dict, Any]:
@@ -442,9 +443,12 @@ def _restore_msgpack(data: bytes, metadata: dict, template: Any, data_file: path
     return jax.tree.map(jnp.asarray, restored)
 
 
-def _read_leaves(file: Any, metadata: dict, template: Any, data_file: pathlib.Path) -> Any:
+def _read_leaves(
+    file: Any, metadata: dict, template: Any, data_file: pathlib.Path, hosted: set[str]
+) -> Any:
     """Format 2: each leaf read in chunks into an array allocated once, in the
-    template leaf's dtype and kind (`_checkpoint_leaves.decode`)."""
+    template leaf's dtype and kind (`_checkpoint_leaves.decode`); the leaves named
+    in `hosted` into host memory, chunk by chunk, never whole on the device."""
     hasher = hashlib.sha256()
     leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
     restored, offset = [], 0
@@ -459,8 +463,11 @@ def _read_leaves(file: Any, metadata: dict, template: Any, data_file: pathlib.Pa
         want = _checkpoint_leaves.stored_dtype(path, template_leaf)
         reading = _Reading(file, hasher, data_file, name, saved, want)
         on_device = _checkpoint_leaves.holder(template_leaf) == "jax"
-        array = _read_leaf(reading, tuple(entry["shape"]), on_device=on_device)
-        restored.append(_checkpoint_leaves.decode(entry, array, template_leaf))
+        if name in hosted:
+            restored.append(_read_host_leaf(reading, tuple(entry["shape"])))
+        else:
+            array = _read_leaf(reading, tuple(entry["shape"]), on_device=on_device)
+            restored.append(_checkpoint_leaves.decode(entry, array, template_leaf))
         offset += nbytes
     if file.read(1) or hasher.hexdigest() != metadata["sha256"]:
         raise ValueError(
@@ -501,6 +508,23 @@ def _read_exactly(file: Any, nbytes: int, hasher: Any, data_file: pathlib.Path) 
 @functools.partial(jax.jit, donate_argnums=0)
 def _put_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(array, rows, start, 0)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_host_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice_in_dim(array, _host_memory.to_host(rows), start, 0)
+
+
+def _read_host_leaf(reading: _Reading, shape: tuple) -> jax.Array:
+    """A leaf kept in host memory (`host_memory=`): zeros made there, then its rows
+    written chunk by chunk (each chunk alone crosses to the device and back)."""
+    array = _host_memory.zeros(shape, reading.want)
+    row_bytes = reading.saved.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    for start in range(0, shape[0], rows):
+        chunk = reading.rows(min(rows, shape[0] - start), shape)
+        array = _put_host_rows(array, chunk, np.int32(start))
+    return array
 
 
 def _read_leaf(reading: _Reading, shape: tuple, *, on_device: bool) -> Any:

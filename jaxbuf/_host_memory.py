@@ -108,6 +108,28 @@ def hosted_layout(layout: Any, names: tuple[str, ...], side: str | None = None) 
     return layout._replace(init=lambda example: jax.jit(placed)(example))
 
 
+def zeros(shape: tuple, dtype: Any) -> jax.Array:
+    """Zeros made in host memory by a jitted call: never whole in device memory."""
+    return jax.jit(lambda: to_host(jnp.zeros(shape, dtype)))()
+
+
+def hosted_paths(state: Any, buffer: Any = None) -> set[str]:
+    """The paths (`jax.tree_util.keystr`) of a state's leaves in host memory: those
+    of `state` that are arrays there, and those the `buffer`'s `host_memory` names
+    (for templates without memory kinds: `jax.eval_shape`'s)."""
+    names = () if buffer is None else tuple(dict(buffer.config).get("host_memory", ()))
+    prefixes = tuple(f".experience['{name}']" for name in names)
+    if "obs" in names and dict(buffer.config).get("kind") == "transition":
+        prefixes += (".side.experience",)  # its final observations
+    found = set()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        name = jax.tree_util.keystr(path)
+        kind = getattr(getattr(leaf, "sharding", None), "memory_kind", None)
+        if kind == "pinned_host" or name.startswith(prefixes):
+            found.add(name)
+    return found
+
+
 def to_host(values: jax.Array) -> jax.Array:
     """`values` moved to host memory (inside jit: the rows an `add` writes)."""
     return jax.device_put(values, _SPACE.Host)
@@ -131,6 +153,21 @@ def each(count: int, body: Any, carry: Any) -> Any:
     return jax.lax.platform_dependent(carry, cpu=looped, default=unrolled)
 
 
+def stacked(size: int, batched: tuple, column: jax.Array, *args: Any) -> tuple:
+    """The arguments of a host write under `vmap`, each given the batch's leading
+    axis (`None` stays `None`); raises unless the column itself is batched (stacked
+    buffers): writes of a batch into one column have no meaning."""
+    if not batched[0]:
+        raise NotImplementedError(
+            "a host-memory leaf written under vmap must be stacked along the vmapped "
+            "axis (jaxbuf.vectorize); one column cannot take a batch of writes."
+        )
+    lead = [x if b or x is None else jnp.broadcast_to(x, (size, *jnp.shape(x)))
+            for x, b in zip(args, batched[1:], strict=True)]  # fmt: skip
+    return (column, *lead)
+
+
+@jax.custom_batching.custom_vmap
 def write_steps(column: jax.Array, steps: jax.Array, position: jax.Array, where: Any):
     """`steps` `[N, T, ...]` into times `(position + t) % capacity` of a host time ring
     `[N, capacity, ...]`: one slice update of `N` rows per step (a `vmap` would turn
@@ -149,11 +186,29 @@ def write_steps(column: jax.Array, steps: jax.Array, position: jax.Array, where:
     return each(steps.shape[1], one, column)
 
 
+@write_steps.def_vmap
+def _write_steps_batched(size: int, batched: tuple, column, steps, position, where):
+    """`write_steps` of stacked buffers: their rows written one by one."""
+    column, steps, position, where = stacked(size, batched, column, steps, position, where)
+    num_envs, length, capacity = steps.shape[1], steps.shape[2], column.shape[2]
+    times = (position[:, None, None] + jnp.arange(length, dtype=jnp.int32)[None, None]) % capacity
+    shape = (size, num_envs, length)
+    valid = jnp.broadcast_to(True if where is None else where[:, None, None], shape)
+    buffers = jnp.arange(size, dtype=jnp.int32)[:, None, None]
+    envs = jnp.arange(num_envs, dtype=jnp.int32)[None, :, None]
+    return write_at(column, (buffers, envs, times), steps, valid), True
+
+
 def write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Array):
     """`column[indices] = values` where `valid`, row by row: `indices` (int32, one
-    array per leading axis) and `valid` (bool) share the shape `[*lead]`, `values` is
+    array per leading axis, broadcasting to `valid`'s shape `[*lead]`), `values`
     `[*lead, *row]`. Rows with `valid` false are kept (read back and written as they
     were), so indices may repeat among them; among valid repeats the last wins."""
+    return _write_at(column, tuple(indices), values, valid)
+
+
+@jax.custom_batching.custom_vmap
+def _write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Array):
     lead = jnp.shape(valid)
     flat = [jnp.broadcast_to(i, lead).ravel().astype(jnp.int32) for i in indices]
     keep = jnp.broadcast_to(valid, lead).ravel()
@@ -169,6 +224,18 @@ def write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Ar
     return each(keep.shape[0], one, column)
 
 
+@_write_at.def_vmap
+def _write_at_batched(size: int, batched: tuple, column, indices, values, valid):
+    """`write_at` of stacked buffers: the buffer index leads the indices."""
+    column_batched, index_batched, values_batched, valid_batched = batched
+    column, values, valid = stacked(size, (column_batched, values_batched, valid_batched),
+                                    column, values, valid)  # fmt: skip
+    indices = tuple(i if b else jnp.broadcast_to(i, (size, *jnp.shape(i)))
+                    for i, b in zip(indices, index_batched, strict=True))  # fmt: skip
+    buffers = jnp.arange(size, dtype=jnp.int32).reshape(size, *[1] * (valid.ndim - 1))
+    return write_at(column, (buffers, *indices), values, valid), True
+
+
 # Reads of up to this many rows are row slices, each a copy out of host memory (DMAs on
 # a GPU: about 4.6 µs a row on an H200, and the unrolled form compiles in time that grows
 # faster than the row count: 8,192 rows took minutes). More rows are gathered by the
@@ -180,7 +247,16 @@ ROW_SLICES = 32
 def read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     """`column[indices]` (the index arrays broadcast together, one per leading axis)
     out of host memory into device memory: up to `ROW_SLICES` rows one slice each,
-    more gathered by the host and moved in one block. Never the whole column."""
+    more gathered by the host and moved in one block. Never the whole column.
+
+    Under `vmap` (`jaxbuf.blocks` draws several batches, `vectorize` stacks
+    buffers) the batch becomes one more leading index axis: still one read of all
+    the rows (a vmapped slice would be a gather, which host memory refuses)."""
+    return _read_rows(column, tuple(indices))
+
+
+@jax.custom_batching.custom_vmap
+def _read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     lead = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
     flat = [jnp.broadcast_to(jnp.asarray(i, jnp.int32), lead).ravel() for i in indices]
     rest = column.shape[len(indices) :]
@@ -196,6 +272,19 @@ def read_rows(column: jax.Array, indices: tuple) -> jax.Array:
 
     rows = each(count, one, jnp.zeros((count, *rest), column.dtype))
     return rows.reshape(*lead, *rest)
+
+
+@_read_rows.def_vmap
+def _read_batched(size: int, batched: tuple, column: jax.Array, indices: tuple):
+    """`_read_rows` of a batch: `size` more rows per index, the batch's axis first;
+    a batched column (stacked buffers) gets its buffer index as the first index."""
+    column_batched, index_batched = batched
+    indices = tuple(i if b else jnp.broadcast_to(i, (size, *jnp.shape(i)))
+                    for i, b in zip(indices, index_batched, strict=True))  # fmt: skip
+    if column_batched:
+        depth = max(jnp.ndim(i) for i in indices)
+        indices = (jnp.arange(size, dtype=jnp.int32).reshape(size, *[1] * (depth - 1)), *indices)
+    return read_rows(column, indices), True
 
 
 def _gather(column: jax.Array, indices: tuple) -> jax.Array:

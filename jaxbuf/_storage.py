@@ -163,10 +163,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
         if _host_memory.on_host(column):  # slices only; accelerators: two windows
-            rows = functools.partial(_write_rows, column, _host_memory.to_host(values))
-            windows = functools.partial(_write_slices, column, values)
-            cpu = rows if batch <= FEW_ROWS else windows
-            return jax.lax.platform_dependent(position, where, cpu=cpu, default=windows)
+            return _write_host(column, values, position, where)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
             return scatter(column, values)
         slices = _write_rows if batch <= FEW_ROWS else _write_slices
@@ -174,6 +171,28 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
         return jax.lax.platform_dependent(cpu=cpu, default=lambda: scatter(column, values))
 
     return jax.tree.map(put, experience, items)
+
+
+@jax.custom_batching.custom_vmap
+def _write_host(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
+    """`write` of one host-memory leaf: row by row on CPU (up to `FEW_ROWS` rows),
+    else as two windows."""
+    rows = functools.partial(_write_rows, column, _host_memory.to_host(values))
+    windows = functools.partial(_write_slices, column, values)
+    cpu = rows if values.shape[0] <= FEW_ROWS else windows
+    return jax.lax.platform_dependent(position, where, cpu=cpu, default=windows)
+
+
+@_write_host.def_vmap
+def _write_host_batched(size: int, batched: tuple, column, values, position, where):
+    """`_write_host` of stacked buffers (`vectorize`): their rows written one by one."""
+    column, values, position, where = _host_memory.stacked(size, batched, column, values,
+                                                           position, where)  # fmt: skip
+    count, capacity = values.shape[1], column.shape[1]
+    rows = (position[:, None] + jnp.arange(count, dtype=jnp.int32)[None, :]) % capacity
+    valid = jnp.broadcast_to(True if where is None else where[:, None], rows.shape)
+    buffers = jnp.arange(size, dtype=jnp.int32)[:, None]
+    return _host_memory.write_at(column, (buffers, rows), values, valid), True
 
 
 # Rows of at least this many bytes (an 84x84 frame has 7056) are written on CPU as slice

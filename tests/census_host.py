@@ -88,6 +88,22 @@ def operations() -> Iterator[tuple[str, Callable, tuple]]:
                     one = jax.tree.map(lambda x: x[:, 0], data)
                     yield f"{name.split(' B=')[0]}.add_step", buffer.add_step, (state, one)
             yield f"{name}.sample", buffer.sample, (state, jax.random.key(0))
+    yield from _stacked()
+
+
+def _stacked() -> Iterator[tuple[str, Callable, tuple]]:
+    """`vectorize` (host columns stacked) and `blocks` (several batches drawn per call)."""
+    step = {"obs": FRAME, "reward": jnp.float32(0)}
+    replay = jaxbuf.make_replay_buffer(CAPACITY, FEW, host_memory=("obs",))
+    stacked = jaxbuf.vectorize(replay, 2)
+    state = stacked.init(step)
+    items = jax.tree.map(lambda x: jnp.zeros((2, 4, *x.shape), x.dtype), step)
+    yield "vectorize(replay, 2).add", stacked.add, (state, items)
+    yield f"vectorize(replay, 2) B={FEW}.sample", stacked.sample, (state, jax.random.key(0))
+    blocks = jaxbuf.blocks(replay, 4)
+    data = jax.tree.map(lambda x: jnp.zeros((4, 2, *x.shape), x.dtype), step)
+    args = (replay.init(step), data, jax.random.key(0))
+    yield f"blocks(replay, 4) B={FEW}.write_and_draw", blocks.write_and_draw, args
 
 
 def table() -> dict[str, dict[str, dict[str, int]]]:

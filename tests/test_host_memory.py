@@ -100,7 +100,7 @@ def random_steps(rng, num_envs: int, length: int) -> dict:
             "truncated": rng.random((num_envs, length)) < 0.1}  # fmt: skip
 
 
-def run_side_by_side(make, example: dict, steps_of, rounds: int = 30) -> None:
+def run_side_by_side(make, example: dict, steps_of, rounds: int = 30, time_axis: int = 1) -> None:
     """Donated adds (several steps, then one step, in turn) and samples of a host-placed
     buffer and a device-placed one, compared bit for bit after every call."""
     hosted, plain = make(host_memory=("obs",)), make()
@@ -112,7 +112,8 @@ def run_side_by_side(make, example: dict, steps_of, rounds: int = 30) -> None:
     for i in range(rounds):
         length = 1 if i % 2 else int(rng.integers(2, 9))
         steps = steps_of(rng, length)
-        which, data = (1, jax.tree.map(lambda x: x[:, 0], steps)) if length == 1 else (0, steps)
+        one = jax.tree.map(lambda x: np.take(x, 0, axis=time_axis), steps)
+        which, data = (1, one) if length == 1 else (0, steps)
         host_state = calls[0][which](host_state, data)
         device_state = calls[1][which](device_state, data)
         if plain.can_sample(device_state):
@@ -194,3 +195,66 @@ def test_host_census_sees_a_whole_transfer():
     column = jax.device_put(jnp.zeros((64, 7), jnp.uint8), jax.memory.Space.Host)
     whole = lowered(lambda c: jax.device_put(c, jax.memory.Space.Device).sum(), (column,), "cuda")
     assert census_host.host_counts(whole)["whole transfers"] == 1
+
+
+def test_vectorized_host_buffers_equal_device_ones(platform_path):
+    """`vectorize` stacks host columns: writes and reads take the buffer as one more
+    index (never a vmapped slice, which would be a gather on host memory)."""
+    hosted = jaxbuf.vectorize(jaxbuf.make_replay_buffer(13, 8, host_memory=("obs",)), 3)
+    plain = jaxbuf.vectorize(jaxbuf.make_replay_buffer(13, 8), 3)
+    host_state, device_state = hosted.init(EXAMPLE), plain.init(EXAMPLE)
+    adds = [jax.jit(b.add, donate_argnums=0) for b in (hosted, plain)]
+    rng = np.random.default_rng(4)
+    for i in range(12):  # about 5 wrap-arounds per buffer
+        items = jax.tree.map(lambda x: x.reshape(3, -1, *x.shape[1:]), random_items(rng, 15))
+        host_state, device_state = adds[0](host_state, items), adds[1](device_state, items)
+        key = jax.random.key(i)
+        from_host = jax.jit(hosted.sample)(host_state, key)
+        assert_same(from_host, jax.jit(plain.sample)(device_state, key))
+    assert_same(host_state, device_state)
+    assert memory_kind(host_state.experience["obs"]) == "pinned_host"
+
+
+def test_vectorized_transition_buffers_with_host_frames_equal_device(platform_path):
+    def make(**host):
+        return jaxbuf.vectorize(jaxbuf.make_transition_buffer(
+            2, 11, 8, n_step=2, frames={"obs": 3}, min_episode_length=3, **host), 2)  # fmt: skip
+
+    example = {**{k: v[0, 0] for k, v in random_steps(np.random.default_rng(0), 1, 1).items()},
+               "next_obs": np.zeros((5, 4), np.uint8)}  # fmt: skip
+
+    def steps_of(rng, length):
+        steps = random_steps(rng, 4, length)
+        steps["next_obs"] = rng.integers(0, 255, (4, length, 5, 4), dtype=np.uint8)
+        return jax.tree.map(lambda x: x.reshape(2, 2, *x.shape[1:]), steps)
+
+    run_side_by_side(make, example, steps_of, rounds=16, time_axis=2)
+
+
+def test_blocks_host_loop_checkpoints_take_epochs_and_export_with_host_leaves(tmp_path):
+    """The Python loop's blocks, a checkpoint's round trip (back into host memory, from
+    either template), `take`, the epochs sampler and `export` see the same data."""
+    found = {}
+    for name, host in (("host", ("obs",)), ("device", None)):
+        buffer = jaxbuf.make_replay_buffer(23, 8, host_memory=host)
+        loop = jaxbuf.HostLoop(buffer, buffer.init(EXAMPLE), jax.random.key(0), steps_per_call=4)
+        rng, blocks = np.random.default_rng(5), []
+        for _ in range(30):
+            block = loop.add(random_items(rng, 3))
+            blocks += [] if block is None else [jax.tree.map(np.asarray, block)]
+        state = loop.state
+        epochs = jaxbuf.make_replay_buffer(23, 8, host_memory=host, sampler=jaxbuf.epochs())
+        epoch_state = epochs.add(epochs.init(EXAMPLE), random_items(rng, 20))
+        found[name] = (blocks, buffer.take(state, jnp.arange(5)),
+                       epochs.next_batch(epoch_state, jax.random.key(1))[1],
+                       dict(np.load(jaxbuf.export(tmp_path / f"{name}.npz", state))))  # fmt: skip
+        if host:
+            folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
+            for template in (buffer.init(EXAMPLE), jax.eval_shape(buffer.init, EXAMPLE)):
+                restored = jaxbuf.restore(folder, template, buffer)
+                assert_same(restored, state)
+                assert memory_kind(restored.experience["obs"]) == "pinned_host"
+    assert_same(found["host"][:3], found["device"][:3])
+    assert found["host"][3].keys() == found["device"][3].keys()
+    for column in found["host"][3]:
+        assert np.array_equal(found["host"][3][column], found["device"][3][column]), column
