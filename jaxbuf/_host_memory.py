@@ -32,8 +32,11 @@ _SPACE: Any = getattr(getattr(jax, "memory", None), "Space", None)  # JAX 0.7+
 
 
 def on_host(leaf: Any) -> bool:
-    """Whether a (traced) array lives in host memory."""
-    return _SPACE is not None and getattr(jax.typeof(leaf), "memory_space", None) == _SPACE.Host
+    """Whether an array (traced, or an abstract value) lives in host memory."""
+    if _SPACE is None:
+        return False
+    aval = leaf if isinstance(leaf, jax.core.ShapedArray) else jax.typeof(leaf)
+    return getattr(aval, "memory_space", None) == _SPACE.Host
 
 
 def check_names(host_memory: Any) -> tuple[str, ...]:
@@ -265,12 +268,16 @@ def _read_rows(column: jax.Array, indices: tuple) -> jax.Array:
         rows = to_device(_host_gather(column, tuple(to_host(i) for i in flat)))
         return rows.reshape(*lead, *rest)
 
-    def one(j: Any, out: jax.Array) -> jax.Array:
+    def row(j: Any) -> jax.Array:
         start = [i[j] for i in flat] + [0] * len(rest)
-        row = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
-        return jax.lax.dynamic_update_slice_in_dim(out, to_device(row).reshape(1, *rest), j, 0)
+        one = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
+        return to_device(one).reshape(1, *rest)
 
-    rows = each(count, one, jnp.zeros((count, *rest), column.dtype))
+    def put(j: Any, out: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(out, row(j), j, 0)
+
+    # the first row, repeated, starts the block: it varies as the column does (shard_map)
+    rows = each(count, put, jnp.broadcast_to(row(0), (count, *rest)))
     return rows.reshape(*lead, *rest)
 
 

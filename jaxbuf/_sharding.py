@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxbuf import _validation
+from jaxbuf import _host_memory, _memory, _validation
 from jaxbuf._types import _Record
 
 
@@ -246,13 +246,20 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
     def init(example: Any) -> Any:
         """The buffer's empty state for `example`, stacked on a leading shard axis `[S,
         ...]` split over the mesh axis (the rest of its docstring is the buffer's)."""
-        sharding = NamedSharding(mesh, P(axis_name))
-        make = jax.jit(
-            lambda: jax.tree.map(
-                lambda x: jnp.broadcast_to(x, (count, *x.shape)), buffer.init(example)
-            ),
-            out_shardings=sharding,
+        shapes = _memory.shapes(lambda: buffer.init(example))
+
+        def stacked(x: jax.Array, shape: Any) -> jax.Array:
+            if _host_memory.on_host(shape):  # `host_memory=` storage: zeros made there
+                return _host_memory.to_host(jnp.zeros((count, *shape.shape), shape.dtype))
+            return jnp.broadcast_to(x, (count, *x.shape))
+
+        hosted = jax.tree.map(_host_memory.on_host, shapes)
+        shardings = jax.tree.map(
+            lambda h: NamedSharding(mesh, P(axis_name), memory_kind="pinned_host" if h else None),
+            hosted,
         )
+        make = jax.jit(lambda: jax.tree.map(stacked, buffer.init(example), shapes),
+                       out_shardings=shardings)  # fmt: skip
         return make()
 
     init.__doc__ = f"{init.__doc__}\n\n{inspect.getdoc(buffer.init) or ''}"

@@ -521,6 +521,47 @@ def process(process_id: int, port: int, folder: str) -> None:
     print(f"ok process {process_id}")
 
 
+def host() -> None:
+    """Host-placed leaves (`host_memory=`) in a sharded buffer: each shard's block stays
+    in host memory, and states and samples equal device placement, on the CPU paths and
+    on the accelerator paths, with row-slice reads (B=4) and host-gathered ones (B=40)."""
+    jax = _jax()
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxbuf
+
+    if getattr(getattr(jax, "memory", None), "Space", None) is None:
+        print("ok host (skipped: no memory spaces in this JAX)")
+        return
+    mesh = jax.make_mesh((4,), ("data",))
+    example = {"obs": jnp.zeros((6, 5), jnp.uint8), "reward": jnp.float32(0)}
+    platform_dependent = jax.lax.platform_dependent
+    for path in ("cpu", "accelerator"):
+        if path == "accelerator":  # the default= branch, as lowered for a GPU or TPU
+            jax.lax.platform_dependent = lambda *a, default, **_: default(*a)
+        for batch in (4, 40):
+            found = {}
+            for name, hosted in (("host", ("obs",)), ("device", None)):
+                buffer = jaxbuf.make_replay_buffer(13, batch, host_memory=hosted)
+                sharded = jaxbuf.shard(buffer, mesh)
+                state, add = sharded.init(example), jax.jit(sharded.add, donate_argnums=0)
+                rng, samples = np.random.default_rng(batch), []
+                for i in range(12):  # about 5 wrap-arounds per shard
+                    items = {"obs": rng.integers(0, 255, (20, 6, 5), dtype=np.uint8),
+                             "reward": rng.normal(size=20).astype(np.float32)}  # fmt: skip
+                    state = add(state, items)
+                    samples.append(jax.jit(sharded.sample)(state, jax.random.key(i)))
+                kind = state.experience["obs"].sharding.memory_kind
+                assert kind == ("pinned_host" if hosted else "device"), kind
+                found[name] = jax.tree.map(np.asarray, (state, samples))
+            for a, b in zip(jax.tree.leaves(found["host"]), jax.tree.leaves(found["device"]),
+                            strict=True):  # fmt: skip
+                np.testing.assert_array_equal(a, b)
+    jax.lax.platform_dependent = platform_dependent
+    print("ok host")
+
+
 if __name__ == "__main__":
     case = sys.argv[1]
     _setup(2 if case == "process" else 4)
@@ -529,4 +570,4 @@ if __name__ == "__main__":
     elif case == "checkpoint":
         checkpoint(sys.argv[2])
     else:
-        {"contents": contents, "inside": inside, "hlo": hlo, "errors": errors}[case]()
+        {"contents": contents, "inside": inside, "hlo": hlo, "errors": errors, "host": host}[case]()

@@ -32,7 +32,7 @@ def run_worker(*args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("case", ["contents", "inside", "hlo", "errors"])
+@pytest.mark.parametrize("case", ["contents", "inside", "hlo", "errors", "host"])
 def test_on_four_simulated_devices(case):
     assert f"ok {case}" in run_worker(case)
 
