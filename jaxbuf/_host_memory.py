@@ -273,11 +273,15 @@ def _read_rows(column: jax.Array, indices: tuple) -> jax.Array:
         one = jax.lax.dynamic_slice(column, start, (1,) * len(indices) + rest)
         return to_device(one).reshape(1, *rest)
 
-    def put(j: Any, out: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_slice_in_dim(out, row(j), j, 0)
+    def looped() -> jax.Array:  # CPU: the first row, repeated, starts the block (so
+        # that it varies as the column does under shard_map), a loop writes the rest
+        put = lambda j, out: jax.lax.dynamic_update_slice_in_dim(out, row(j), j, 0)  # noqa: E731
+        return jax.lax.fori_loop(1, count, put, jnp.broadcast_to(row(0), (count, *rest)))
 
-    # the first row, repeated, starts the block: it varies as the column does (shard_map)
-    rows = each(count, put, jnp.broadcast_to(row(0), (count, *rest)))
+    def unrolled() -> jax.Array:  # accelerators: `count` row reads, no `while`
+        return jnp.concatenate([row(j) for j in range(count)], axis=0)
+
+    rows = jax.lax.platform_dependent(cpu=looped, default=unrolled)
     return rows.reshape(*lead, *rest)
 
 
