@@ -310,6 +310,10 @@ def make_episode_buffer(
     stacks = _frames.check_frames(frames, config["capacity"])
     _check_goals(goals, stacks)
     hosted = _host_memory.check_names(host_memory)
+    if hosted and goals is not None:
+        raise ValueError("host_memory and goals cannot be combined: goal relabeling reads "
+                         "stored goals with gathers, which host memory refuses; keep the "
+                         "observations in device memory.")  # fmt: skip
     return _buffers.assemble(
         _host_memory.hosted_layout(_layout(config, done_fn, stacks, goals), hosted), sampler,
         config["sample_batch_size"], kind="episode", **config, **_buffers.done_config(done_fn),

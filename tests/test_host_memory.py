@@ -258,3 +258,26 @@ def test_blocks_host_loop_checkpoints_take_epochs_and_export_with_host_leaves(tm
     assert found["host"][3].keys() == found["device"][3].keys()
     for column in found["host"][3]:
         assert np.array_equal(found["host"][3][column], found["device"][3][column]), column
+
+
+def test_goal_relabeling_with_host_observations_is_refused():
+    goals = jaxbuf.hindsight(lambda achieved, desired: jnp.float32(0), achieved="a", desired="d")
+    with pytest.raises(ValueError, match=r"host_memory and goals cannot be combined"):
+        jaxbuf.make_transition_buffer(2, 16, 4, goals=goals, host_memory=("obs",))
+    with pytest.raises(ValueError, match=r"host_memory and goals cannot be combined"):
+        jaxbuf.make_episode_buffer(2, 16, 4, 8, done_fn=lambda s: s["d"], goals=goals,
+                                   host_memory=("obs",))  # fmt: skip
+
+
+def test_datasets_from_data_and_configs_keep_host_placement(tmp_path):
+    data = random_items(np.random.default_rng(6), 20)
+    buffer, state = jaxbuf.from_data(data, 32, sample_batch_size=4, host_memory=("obs",))
+    assert memory_kind(state.experience["obs"]) == "pinned_host"
+    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer.append(state)
+    writer.flush()
+    again = jaxbuf.dataset_to_state(writer.path, buffer)
+    assert_same(again, state)
+    assert memory_kind(again.experience["obs"]) == "pinned_host"
+    rebuilt = jaxbuf.buffer_from_config(dict(buffer.config))
+    assert memory_kind(rebuilt.init(EXAMPLE).experience["obs"]) == "pinned_host"
