@@ -202,13 +202,13 @@ def table() -> dict[str, dict[str, dict[str, int]]]:
             for name, fn, args in operations()}  # fmt: skip
 
 
-def markdown(rows: dict[str, dict[str, dict[str, int]]]) -> str:
+def markdown(rows: dict[str, dict[str, dict[str, int]]], columns: tuple = COUNTED) -> str:
     """The docs table: one row per operation, `cuda` counts (`tpu` where they differ)."""
-    head = "| operation | " + " | ".join(COUNTED) + " |\n|---|" + "---|" * len(COUNTED) + "\n"
+    head = "| operation | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
     lines = []
     for name, per_platform in rows.items():
         cells = []
-        for what in COUNTED:
+        for what in columns:
             cuda, tpu = per_platform["cuda"][what], per_platform["tpu"][what]
             cells.append(str(cuda) if cuda == tpu else f"{cuda} (tpu {tpu})")
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")

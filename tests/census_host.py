@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import census
 import jax
 import jax.numpy as jnp
 from census import PLATFORMS, counts, lowered
@@ -121,16 +122,7 @@ def table() -> dict[str, dict[str, dict[str, int]]]:
 
 def markdown(rows: dict[str, dict[str, dict[str, int]]]) -> str:
     """The docs table: `cuda` counts (`tpu` where they differ)."""
-    columns = (*HOST_COUNTED, "while", "case/if")
-    head = "| operation | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
-    lines = []
-    for name, per_platform in rows.items():
-        cells = []
-        for what in columns:
-            cuda, tpu = per_platform["cuda"][what], per_platform["tpu"][what]
-            cells.append(str(cuda) if cuda == tpu else f"{cuda} (tpu {tpu})")
-        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+    return census.markdown(rows, (*HOST_COUNTED, "while", "case/if"))
 
 
 if __name__ == "__main__":
