@@ -35,7 +35,10 @@ def on_host(leaf: Any) -> bool:
     """Whether an array (traced, or an abstract value) lives in host memory."""
     if _SPACE is None:
         return False
-    aval = leaf if isinstance(leaf, jax.core.ShapedArray) else jax.typeof(leaf)
+    try:
+        aval = jax.typeof(leaf)
+    except TypeError:  # already an abstract value (`jax.jit(...).trace().out_avals`)
+        aval = leaf
     return getattr(aval, "memory_space", None) == _SPACE.Host
 
 
@@ -120,9 +123,10 @@ def hosted_paths(state: Any, buffer: Any = None) -> set[str]:
     """The paths (`jax.tree_util.keystr`) of a state's leaves in host memory: those
     of `state` that are arrays there, and those the `buffer`'s `host_memory` names
     (for templates without memory kinds: `jax.eval_shape`'s)."""
-    names = () if buffer is None else tuple(dict(buffer.config).get("host_memory", ()))
+    config = {} if buffer is None else dict(buffer.config)
+    names = tuple(config.get("host_memory", ()))
     prefixes = tuple(f".experience['{name}']" for name in names)
-    if "obs" in names and dict(buffer.config).get("kind") == "transition":
+    if "obs" in names and config.get("kind") == "transition":
         prefixes += (".side.experience",)  # its final observations
     found = set()
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
