@@ -380,7 +380,10 @@ def restore(path: str | os.PathLike, template: Any, buffer: Any = None) -> Any:
         restores into a scalar array; a saved 64-bit leaf into the 32-bit dtype
         that JAX gives it without x64, if every value survives (integers
         exactly, floats within range), else `restore` raises naming the leaf.
-      buffer: the buffer the state is for (optional); see above.
+      buffer: the buffer the state is for (optional); see above. For a buffer
+        with `host_memory=` leaves, pass it (or a template from `init`): those
+        leaves then come back in host memory, chunk by chunk, never whole on the
+        device; `jax.eval_shape` keeps no memory kinds.
 
     Returns:
       The restored state, as the template's leaves say.
