@@ -86,7 +86,7 @@ def main() -> None:
     quick = "--quick" in sys.argv
     from bench_hostloop import frame_trace
 
-    trace = frame_trace(200 if quick else 800)
+    trace = frame_trace(100 if quick else 800)
     other = jax.devices()[1]
     steps = {"one device": variant(None, False, trace),
              "host storage, device=1": variant(other, False, trace),
