@@ -2,19 +2,23 @@
 
 A buffer made with `host_memory=("obs",)` allocates those leaves in the
 device's `pinned_host` memory (JAX's memory kinds: GPU and TPU, and the CPU,
-where every kind is the same RAM). Only row slices touch them, the form XLA's
-host offloader can serve without a copy of the whole array:
+where every kind is the same RAM). Only rows move between the memories, never a
+whole array, and no gather or scatter on a host array runs in device code:
 
-- `add` writes the new rows by `dynamic_update_slice` (in place when the state
-  is donated): on accelerators two windows of `B` rows (where the ring wraps),
-  each read back to merge, then written; on CPU row by row up to 64 rows;
+- `add` writes by `dynamic_update_slice` (in place when the state is donated):
+  a ring's `B` new rows as two windows on accelerators (where the ring wraps;
+  each read back to merge, then written), row by row on CPU up to 64 rows; a
+  time ring's steps one column slice each (`write_steps`); scattered rows, such
+  as the transition buffer's final observations, one gated row each (`write_at`);
 - `sample` reads up to `ROW_SLICES` rows with a `dynamic_slice` each and moves
   them to device memory; more are gathered by the host (`compute_on`) into one
-  block that moves at once: `B` rows cross, never the array.
+  block that moves at once (`read_rows`).
 
-Indices, counters, priorities and every other leaf stay in device memory.
-`_storage.write` and `_storage.read` take this path for any leaf whose type
-says host memory (`jax.typeof(leaf).memory_space`), so the layouts need not know.
+Under `vmap` (`vectorize`, `jaxbuf.blocks`) custom batching rules make the batch
+one more row index. Indices, counters, priorities and every other leaf stay in
+device memory. `_storage` (`write`, `write_times`, `read`, `push_where`) and
+`_frames.gather` take these paths for any leaf whose type says host memory
+(`jax.typeof(leaf).memory_space`), so the layouts need not know.
 """
 
 from __future__ import annotations
