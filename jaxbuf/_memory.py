@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxbuf import _host_memory
 from jaxbuf._types import PyTree
 
 GIB = 2**30
@@ -105,7 +106,7 @@ def report(state: Any, example: PyTree) -> MemoryReport:
         for path, leaf in flat
     }
     host = sum(leaves[jax.tree_util.keystr(path)] for path, leaf in flat
-               if str(getattr(leaf, "memory_space", "")).endswith("Host"))  # fmt: skip
+               if _host_memory.on_host(leaf))  # fmt: skip
     # every item leaf is stored behind the same leading axes: the fewest dimensions
     # of a stored leaf less the fewest of an item leaf is their number
     stored = min(jax.tree.leaves(state.experience), key=lambda leaf: leaf.ndim)
