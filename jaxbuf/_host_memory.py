@@ -9,7 +9,8 @@ whole array, and no gather or scatter on a host array runs in device code:
   a ring's `B` new rows as two windows on accelerators (where the ring wraps;
   each read back to merge, then written), row by row on CPU up to 64 rows; a
   time ring's steps one column slice each (`write_steps`); scattered rows, such
-  as the transition buffer's final observations, one gated row each (`write_at`);
+  as the transition buffer's final observations, one gated row each up to
+  `ROW_SLICES` rows, more scattered by the host (`compute_on`; `write_at`);
 - `sample` reads up to `ROW_SLICES` rows with a `dynamic_slice` each and moves
   them to device memory; more are gathered by the host (`compute_on`) into one
   block that moves at once (`read_rows`).
@@ -211,10 +212,16 @@ def _write_steps_batched(size: int, batched: tuple, column, steps, position, whe
 
 
 def write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Array):
-    """`column[indices] = values` where `valid`, row by row: `indices` (int32, one
-    array per leading axis, broadcasting to `valid`'s shape `[*lead]`), `values`
-    `[*lead, *row]`. Rows with `valid` false are kept (read back and written as they
-    were), so indices may repeat among them; among valid repeats the last wins."""
+    """`column[indices] = values` where `valid`: `indices` (int32, one array per
+    leading axis, broadcasting to `valid`'s shape `[*lead]`), `values` `[*lead,
+    *row]`. Rows with `valid` false are kept, so indices may repeat among them; the
+    valid ones must be distinct.
+
+    Up to `ROW_SLICES` rows, row by row (each read back and written, gated on the
+    device side); more, a loop of those on CPU and, on accelerators, one scatter
+    computed by the host (`compute_on`) with the rows moved there at once: never a
+    row write per environment unrolled into the program (4,096 of them for one
+    step of 4,096 environments)."""
     return _write_at(column, tuple(indices), values, valid)
 
 
@@ -232,7 +239,17 @@ def _write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.A
         row = jnp.where(keep[j], rows[j].reshape(shape), old)
         return jax.lax.dynamic_update_slice(column, to_host(row), start)
 
-    return each(keep.shape[0], one, column)
+    count = keep.shape[0]
+    if count <= ROW_SLICES:
+        return each(count, one, column)
+    # dropped rows go past the end, each to its own row (the valid ones are distinct)
+    first = jnp.where(keep, flat[0], column.shape[0] + jnp.arange(count, dtype=jnp.int32))
+    at = tuple(to_host(i) for i in (first, *flat[1:]))
+    return jax.lax.platform_dependent(
+        column,
+        cpu=lambda column: jax.lax.fori_loop(0, count, one, column),
+        default=lambda column: _on_host(_scatter, column, at, to_host(rows)),
+    )
 
 
 @_write_at.def_vmap
@@ -310,14 +327,23 @@ def _gather(column: jax.Array, indices: tuple) -> jax.Array:
     return column.at[indices].get(mode="promise_in_bounds")
 
 
+def _scatter(column: jax.Array, indices: tuple, rows: jax.Array) -> jax.Array:
+    """`column[indices] = rows`, distinct indices, those out of bounds dropped."""
+    return column.at[indices].set(rows, mode="drop", unique_indices=True)
+
+
 def _host_gather(column: jax.Array, indices: tuple) -> jax.Array:
-    """`column[indices]` computed by the host on host memory (JAX's `compute_on`,
-    whose form changed in JAX 0.11), the result left in host memory."""
+    """`column[indices]` computed by the host on host memory, left there."""
+    return _on_host(_gather, column, indices)
+
+
+def _on_host(fn: Any, *args: Any) -> jax.Array:
+    """`fn(*args)` computed by the host on host arrays (JAX's `compute_on`, whose
+    form changed in JAX 0.11), the result left in host memory."""
     from jax.experimental import compute_on as module
 
     compute_on: Any = module.compute_on  # its signature depends on the JAX version
     if "out_memory_spaces" in inspect.signature(compute_on).parameters:  # JAX 0.11+
-        gather = compute_on(_gather, compute_type="device_host", out_memory_spaces=_SPACE.Host)
-        return gather(column, indices)
+        return compute_on(fn, compute_type="device_host", out_memory_spaces=_SPACE.Host)(*args)
     with compute_on("device_host"):
-        return jax.jit(_gather)(column, indices)
+        return jax.jit(fn)(*args)

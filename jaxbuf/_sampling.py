@@ -159,10 +159,30 @@ def locate(
       `sum(counts) > 0` before using them.
     """
     ends = running_sum(counts) if ends is None else ends
-    method = "compare_all" if counts.shape[0] <= SMALL else "scan"  # O(B * G) or O(B log G)
-    group = jnp.searchsorted(ends, draws, side="right", method=method)
+    group = _search(ends, draws)
     group = jnp.minimum(group, counts.shape[0] - 1).astype(jnp.int32)
     return group, draws - (take_small(ends, group) - take_small(counts, group))
+
+
+def _search(ends: jax.Array, draws: jax.Array) -> jax.Array:
+    """`searchsorted(ends, draws, side="right")`, by size and platform.
+
+    Up to `SMALL` groups, every draw is compared with every end (`[B, G]`
+    elementwise work that fuses, no loop anywhere). Above, a binary search of
+    `ceil(log2(G + 1))` steps: a `while` on CPU, where an iteration costs ~0.1 µs;
+    unrolled on accelerators, where each iteration of a `while` is a round of
+    kernel launches driven from the host (the transition buffer's `sample` took
+    230-390 µs at 4,096 environments on an H200 with the loop, 12 rounds) while the
+    unrolled steps are dependent reads of a `G`-entry table, elementwise over the
+    draws, which XLA may fuse.
+    """
+    if ends.shape[0] <= SMALL:
+        return jnp.searchsorted(ends, draws, side="right", method="compare_all")
+
+    def search(method: str):
+        return lambda e, d: jnp.searchsorted(e, d, side="right", method=method)
+
+    return lax.platform_dependent(ends, draws, cpu=search("scan"), default=search("scan_unrolled"))
 
 
 # Tables of at most this many entries are read by comparison on accelerators.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +25,42 @@ PLATFORMS = ("cuda", "tpu")
 # Operations that must lower without loops or branches on an accelerator.
 BRANCH_FREE = ("add", "add_step", "sample", "set_priorities", "next_batch", "finish",
                "minibatches", "write_and_draw", "can_insert", "can_sample", "inserted",
-               "sampled", "deleted")  # fmt: skip
+               "sampled", "deleted", "insert_internal", "sample_internal")  # fmt: skip
+# Operations that draw a batch: checked for work that grows with the capacity.
+DRAWS = ("sample", "next_batch", "sample_internal")
 COUNTED = ("while", "case/if", "gather", "scatter", "sort")
 HOST_SECTION = "## Host memory"  # the page's section of tests/census_host.py
-ENVS, CAPACITY, BATCH, LENGTH = 16, 1 << 16, 256, 8
+SCALE_SECTION = "## At the shapes users run"  # the page's section of the scale census
+LENGTH = 8
+
+
+class Shape(NamedTuple):
+    """Where the census lowers: `envs` environments (or stacked buffers) of `steps`
+    stored steps each, batches of `batch`; a replay buffer holds `items` items
+    (`envs * steps` unless given)."""
+
+    envs: int
+    batch: int
+    steps: int
+    items: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.envs * self.steps if self.items is None else self.items
+
+    def halved(self) -> Shape:
+        """The same shape with half the stored steps (the capacity check)."""
+        return self._replace(steps=self.steps // 2, items=self.capacity // 2)
+
+
+# The committed table of docs/census.md (ceilings): 16 environments x 2**16 steps.
+BASE = Shape(16, 256, 1 << 16, 1 << 16)
+# The shapes users run (Brax, MuJoCo Playground, PureJaxRL scans: thousands of
+# environments, batches of 8k-32k), up to 2**20 stored steps, on both sides of every
+# size switch: `_sampling.SMALL` (64 groups), `_sampling._floyd_by_doubling`'s 1,024.
+SCALE = (Shape(1, 1, 1 << 20), Shape(64, 256, 1 << 14), Shape(65, 8192, (1 << 20) // 65),
+         Shape(1024, 32768, 1 << 10), Shape(4096, 8192, 1 << 8),
+         Shape(4096, 32768, 1 << 8))  # fmt: skip
 
 
 GATHER = r'"stablehlo\.(?:dynamic_)?gather"|stablehlo\.dynamic_slice '
@@ -55,6 +87,13 @@ def counts(text: str) -> dict[str, int]:
 
 def lowered(fn: Callable, args: tuple, platform: str) -> str:
     return export.export(jax.jit(fn), platforms=(platform,))(*args).mlir_module()
+
+
+def lowered_for_each(fn: Callable, args: tuple) -> dict[str, str]:
+    """`{platform: module text}`: traced once, lowered for each platform (the same
+    counts as `lowered`, in less than half the time)."""
+    traced = jax.jit(fn).trace(*args)
+    return {p: traced.lower(lowering_platforms=(p,)).as_text() for p in PLATFORMS}
 
 
 def _zeros(example: Any, *lead: int) -> Any:
@@ -90,66 +129,106 @@ def _samplers() -> Iterator[tuple[str, Any]]:
     yield "epochs", jaxbuf.epochs()
 
 
-def _kinds(sampler: Any) -> Iterator[tuple[str, Any, Any, int]]:
+def _kinds(sampler: Any, shape: Shape) -> Iterator[tuple[str, Any, Any, int]]:
     """(name, buffer, example, time axis of `add`: 0 for replay's items)."""
-    yield "replay", jaxbuf.make_replay_buffer(CAPACITY, BATCH, sampler=sampler), STEP, 0
+    envs, batch, steps = shape.envs, shape.batch, shape.steps
+    yield "replay", jaxbuf.make_replay_buffer(shape.capacity, batch, sampler=sampler), STEP, 0
     yield "trajectory", jaxbuf.make_trajectory_buffer(
-        ENVS, CAPACITY, BATCH, LENGTH, done_fn=_done, sampler=sampler), STEP, 1  # fmt: skip
+        envs, steps, batch, LENGTH, done_fn=_done, sampler=sampler), STEP, 1  # fmt: skip
     yield "transition", jaxbuf.make_transition_buffer(
-        ENVS, CAPACITY, BATCH, sampler=sampler), _transition(jnp.zeros(8)), 1  # fmt: skip
+        envs, steps, batch, sampler=sampler), _transition(jnp.zeros(8)), 1  # fmt: skip
     yield "episode", jaxbuf.make_episode_buffer(
-        ENVS, CAPACITY, BATCH, 64, done_fn=_done, sampler=sampler), STEP, 1  # fmt: skip
+        envs, steps, batch, 64, done_fn=_done, sampler=sampler), STEP, 1  # fmt: skip
 
 
-def _options() -> Iterator[tuple[str, Any, Any]]:
+def _options(shape: Shape) -> Iterator[tuple[str, Any, Any]]:
     """Buffers with the options (uniform sampler): n-step, frames, goals."""
+    envs, batch, steps = shape.envs, shape.batch, shape.steps
     yield "transition n_step=3", jaxbuf.make_transition_buffer(
-        ENVS, CAPACITY, BATCH, n_step=3, discount=0.99), _transition(jnp.zeros(8))  # fmt: skip
+        envs, steps, batch, n_step=3, discount=0.99), _transition(jnp.zeros(8))  # fmt: skip
     yield "transition frames", jaxbuf.make_transition_buffer(
-        ENVS, CAPACITY, BATCH, frames={"obs": 4}), _transition(FRAMES["obs"])  # fmt: skip
+        envs, steps, batch, frames={"obs": 4}), _transition(FRAMES["obs"])  # fmt: skip
     yield "trajectory frames", jaxbuf.make_trajectory_buffer(
-        ENVS, CAPACITY, BATCH, LENGTH, done_fn=_done, frames={"obs": 4}), FRAMES  # fmt: skip
+        envs, steps, batch, LENGTH, done_fn=_done, frames={"obs": 4}), FRAMES  # fmt: skip
     yield "transition goals", jaxbuf.make_transition_buffer(
-        ENVS, CAPACITY, BATCH, goals=_goals()), _transition(GOAL_OBS)  # fmt: skip
+        envs, steps, batch, goals=_goals()), _transition(GOAL_OBS)  # fmt: skip
     yield "episode goals", jaxbuf.make_episode_buffer(
-        ENVS, CAPACITY, BATCH, 64, done_fn=_done, goals=_goals()), GOAL_STEP  # fmt: skip
+        envs, steps, batch, 64, done_fn=_done, goals=_goals()), GOAL_STEP  # fmt: skip
 
 
-def _sampled_calls(name: str, buffer: Any, example: Any, time_axis: int):
+def _sampled_calls(name: str, buffer: Any, example: Any, time_axis: int, shape: Shape):
     state = jax.eval_shape(buffer.init, example)
     key = jax.random.key(0)
-    lead = (BATCH,) if time_axis == 0 else (ENVS, 4)
+    lead = (shape.batch,) if time_axis == 0 else (shape.envs, 4)
     yield f"{name}.add", buffer.add, (state, _zeros(example, *lead))
     gate = jax.ShapeDtypeStruct((), jnp.bool_)
     masked = lambda s, d, w: buffer.add(s, d, where=w)  # noqa: E731
     yield f"{name} where=.add", masked, (state, _zeros(example, *lead), gate)
     if time_axis and getattr(buffer, "add_step", None) is not None:
-        yield f"{name}.add_step", buffer.add_step, (state, _zeros(example, ENVS))
+        yield f"{name}.add_step", buffer.add_step, (state, _zeros(example, shape.envs))
     if getattr(buffer, "next_batch", None) is not None:
         yield f"{name}.next_batch", buffer.next_batch, (state, key)
     else:
         yield f"{name}.sample", buffer.sample, (state, key)
-    indices = jax.ShapeDtypeStruct((BATCH,), jnp.int32)
+    indices = jax.ShapeDtypeStruct((shape.batch,), jnp.int32)
     yield f"{name}.take", buffer.take, (state, indices)
     yield f"{name}.can_sample", buffer.can_sample, (state,)
     if getattr(buffer, "set_priorities", None) is not None:
-        priorities = jax.ShapeDtypeStruct((BATCH,), jnp.float32)
+        priorities = jax.ShapeDtypeStruct((shape.batch,), jnp.float32)
         yield f"{name}.set_priorities", buffer.set_priorities, (state, indices, priorities)
 
 
-def operations() -> Iterator[tuple[str, Callable, tuple]]:
+def operations(shape: Shape = BASE) -> Iterator[tuple[str, Callable, tuple]]:
     """(name, function, abstract arguments) of every operation in the census."""
     for sampler_name, sampler in _samplers():
-        for kind, buffer, example, time_axis in _kinds(sampler):
-            yield from _sampled_calls(f"{kind}/{sampler_name}", buffer, example, time_axis)
-    for name, buffer, example in _options():
-        yield from _sampled_calls(name, buffer, example, 1)
-    vectorized = jaxbuf.vectorize(jaxbuf.make_replay_buffer(4096, 64, sampler=jaxbuf.prioritized()),
-                                  ENVS)  # fmt: skip
-    yield from _sampled_calls("vectorize(replay/prioritized)", vectorized, STEP, 1)
-    yield from _rollout_and_queue()
-    yield from _blocks()
-    yield from _rate_limiter()
+        for kind, buffer, example, time_axis in _kinds(sampler, shape):
+            yield from _sampled_calls(f"{kind}/{sampler_name}", buffer, example, time_axis, shape)
+    for name, buffer, example in _options(shape):
+        yield from _sampled_calls(name, buffer, example, 1, shape)
+    yield from _vectorized(shape)
+    yield from _rollout_and_queue(shape)
+    yield from _blocks(shape)
+    if shape == BASE:
+        yield from _rate_limiter()  # counters only: no shape to vary
+        return
+    yield from _brax(shape)
+
+
+def _vectorized(shape: Shape):
+    """`vectorize`: one prioritized replay buffer per environment."""
+    if shape == BASE:
+        replay = jaxbuf.make_replay_buffer(4096, 64, sampler=jaxbuf.prioritized())
+    else:  # the batch split among the buffers
+        per_buffer = max(shape.batch // shape.envs, 1)
+        replay = jaxbuf.make_replay_buffer(shape.steps, per_buffer, sampler=jaxbuf.prioritized())
+    stacked = jaxbuf.vectorize(replay, shape.envs)
+    yield from _sampled_calls("vectorize(replay/prioritized)", stacked, STEP, 1, shape)
+
+
+def _brax(shape: Shape):
+    """`jaxbuf.brax.BraxReplay`, Brax's interface (its own transition record)."""
+    import jaxbuf.brax
+
+    extras = {"state_extras": {"truncation": jnp.float32(0)}}
+    dummy = BraxTransition(jnp.zeros(8), jnp.zeros(2), jnp.float32(0), jnp.float32(0),
+                           jnp.zeros(8), extras)  # fmt: skip
+    replay = jaxbuf.brax.BraxReplay(shape.envs * shape.steps, dummy, shape.batch,
+                                    num_envs=shape.envs)  # fmt: skip
+    state = jax.eval_shape(replay.init, jax.random.key(0))
+    steps = _zeros(dummy, shape.envs)
+    yield "brax.insert_internal", replay.insert_internal, (state, steps)
+    yield "brax.sample_internal", replay.sample_internal, (state,)
+
+
+class BraxTransition(NamedTuple):
+    """Brax's `brax.training.types.Transition` (Brax itself is not needed)."""
+
+    observation: Any
+    action: Any
+    reward: Any
+    discount: Any
+    next_observation: Any
+    extras: Any = ()
 
 
 def _rate_limiter():
@@ -163,43 +242,150 @@ def _rate_limiter():
         yield f"rate limiter.{name}", getattr(limiter, name), (state, count, gate)
 
 
-def _blocks():
+def _blocks(shape: Shape):
     """A Python loop's call (`jaxbuf.blocks`, `HostLoop`): 32 steps written, 32 batches drawn."""
-    k = 32
+    k, envs = 32, shape.envs
     for name, sampler in (("uniform", jaxbuf.uniform()), ("prioritized", jaxbuf.prioritized())):
-        buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY, BATCH, sampler=sampler)
+        buffer = jaxbuf.make_transition_buffer(envs, shape.steps, shape.batch, sampler=sampler)
         example = _transition(jnp.zeros(8))
         blocks = jaxbuf.blocks(buffer, k)
         state = jax.eval_shape(buffer.init, example)
-        args = (state, _zeros(example, k, ENVS), jax.random.key(0))
+        args = (state, _zeros(example, k, envs), jax.random.key(0))
         yield f"blocks(transition/{name}).write_and_draw", blocks.write_and_draw, args
-    indices = jax.ShapeDtypeStruct((k, BATCH), jnp.int32)
-    priorities = jax.ShapeDtypeStruct((k, BATCH), jnp.float32)
+    indices = jax.ShapeDtypeStruct((k, shape.batch), jnp.int32)
+    priorities = jax.ShapeDtypeStruct((k, shape.batch), jnp.float32)
     yield (f"blocks(transition/{name}).set_priorities", blocks.set_priorities,
            (state, indices, priorities))  # fmt: skip
 
 
-def _rollout_and_queue():
+def _rollout_and_queue(shape: Shape):
     step = {"obs": jnp.zeros(8), "action": jnp.int32(0), "log_prob": jnp.float32(0),
             "reward": jnp.float32(0), "value": jnp.float32(0), "final_value": jnp.float32(0),
             "terminated": jnp.bool_(False), "truncated": jnp.bool_(False)}  # fmt: skip
-    rollout = jaxbuf.make_rollout_buffer(128, 64, discount=0.99, gae_lambda=0.95)
+    envs = 64 if shape == BASE else shape.envs
+    rollout = jaxbuf.make_rollout_buffer(128, envs, discount=0.99, gae_lambda=0.95)
     state = jax.eval_shape(rollout.init, step)
-    yield "rollout.add", rollout.add, (state, _zeros(step, 64))
-    yield "rollout.finish", rollout.finish, (state, jax.ShapeDtypeStruct((64,), jnp.float32))
+    yield "rollout.add", rollout.add, (state, _zeros(step, envs))
+    yield "rollout.finish", rollout.finish, (state, jax.ShapeDtypeStruct((envs,), jnp.float32))
     yield "rollout.clear", rollout.clear, (state,)
     minibatches = lambda s, k: rollout.minibatches(s, k, 4)  # noqa: E731
     yield "rollout.minibatches", minibatches, (state, jax.random.key(0))
-    queue = jaxbuf.make_queue(4096, 64, 256)
+    if shape == BASE:
+        queue = jaxbuf.make_queue(4096, 64, 256)
+    else:
+        queue = jaxbuf.make_queue(shape.capacity, envs, min(shape.batch, shape.capacity))
     state = jax.eval_shape(queue.init, STEP)
-    yield "queue.add", queue.add, (state, _zeros(STEP, 64))
+    yield "queue.add", queue.add, (state, _zeros(STEP, envs))
     yield "queue.pop", queue.pop, (state,)
 
 
-def table() -> dict[str, dict[str, dict[str, int]]]:
+def table(shape: Shape = BASE) -> dict[str, dict[str, dict[str, int]]]:
     """{operation: {platform: counts}} of every operation."""
-    return {name: {p: counts(lowered(fn, args, p)) for p in PLATFORMS}
-            for name, fn, args in operations()}  # fmt: skip
+    return {name: {p: counts(text) for p, text in lowered_for_each(fn, args).items()}
+            for name, fn, args in operations(shape)}  # fmt: skip
+
+
+def capacity_dims(text: str) -> set[int]:
+    """The dimensions of the exported function's arguments (the state)."""
+    head = text[text.index("func.func public @main") :].split("\n", 1)[0]
+    return {int(d) for t in re.findall(r"tensor<((?:\d+x)+)", head) for d in t.split("x") if d}
+
+
+# Operations that may take the storage whole without working on all of it: reads of
+# rows (a gather's result is `[B, ...]`) and calls (the callee's operations count).
+READS = ("stablehlo.gather", "stablehlo.dynamic_gather", "stablehlo.dynamic_slice",
+         "stablehlo.slice", "func.call", "call", "stablehlo.reshape",
+         "stablehlo.constant")  # fmt: skip
+
+
+def operand_types(text: str) -> set[tuple[str, str]]:
+    """`(operation, type)` for every type an operation of a module text takes or makes,
+    but only the results of `READS`."""
+    found = set()
+    for line in text.splitlines():
+        match = re.match(r"\s*%[^=]+= \"?([\w.]+)\"?", line)
+        if not match or match.group(1) in ("stablehlo.reshape", "stablehlo.constant"):
+            continue
+        types = line.rsplit(" : ", 1)[-1] if " : " in line else line
+        if match.group(1) in READS:
+            types = types.rsplit("->", 1)[-1]
+        found.update((match.group(1), t) for t in re.findall(r"tensor<(?:\d+x)*[a-z]\w*", types))
+    return found
+
+
+def growing_ops(text: str, halved: str) -> list[str]:
+    """The operations of `text` whose work is in proportion to the capacity, `halved`
+    being the same function lowered at half the capacity: an operand or result with
+    one of the state's dimensions that changed (`capacity_dims`), of a type that the
+    halved module has nowhere. A gather's result is `[B, ...]` and never grows; a tree walk does
+    more steps at a larger capacity, none of the storage's size; an associative scan
+    over 4,096 environments makes results of 256 entries, the size of a ring of 256
+    steps, but makes them at either capacity."""
+    dims = capacity_dims(text) - capacity_dims(halved)
+    grown = []
+    for op, result in operand_types(text) - operand_types(halved):
+        if {int(d) for d in re.findall(r"(\d+)x", result)} & dims:
+            grown.append(f"{op}: {result[7:]}")
+    return sorted(grown)
+
+
+# Draws allowed to grow with the capacity, and why (docs/census.md says so too).
+GROWS = {"epochs.next_batch": "a pass's order is a sort of every slot, computed on every "
+         "call on accelerators and kept by a select (a `cond` would send its predicate to "
+         "the host)"}  # fmt: skip
+
+
+def scale(shape: Shape) -> dict[str, Any]:
+    """The census at one shape: `operations` lowered, those that loop or branch
+    (`BRANCH_FREE` operations with a `while` or a `case`/`if`, by platform), and the
+    draws with work sized like the storage (found by lowering them again at half the
+    capacity: the state's dimensions that change are the capacity's)."""
+    halved = {name: (fn, args) for name, fn, args in operations(shape.halved())}
+    loops, growing, count = [], {}, 0
+    for name, fn, args in operations(shape):
+        texts = lowered_for_each(fn, args)
+        count += 1
+        for platform, text in texts.items():
+            found = counts(text)
+            if name.rsplit(".", 1)[1] in BRANCH_FREE and (found["while"] or found["case/if"]):
+                loops.append(f"{name} on {platform}: {found['while']} while, "
+                             f"{found['case/if']} case/if")  # fmt: skip
+        if name.rsplit(".", 1)[1] in DRAWS:
+            smaller = lowered_for_each(*halved[name])
+            for platform, text in texts.items():
+                ops = growing_ops(text, smaller[platform])
+                if ops:
+                    growing[f"{name} on {platform}"] = ops
+    return {"operations": count, "loops": loops, "growing": growing}
+
+
+def allowed_growth(name: str) -> bool:
+    """Whether a draw named `kind/sampler.op on platform` may grow (`GROWS`)."""
+    sampler_op = name.split(" on ")[0].split("/")[-1]
+    return sampler_op in GROWS
+
+
+SCALE_HEAD = (
+    "| environments | steps each | batch | operations (each for cuda and tpu) | hot ones that "
+    "loop or branch | draws sized like the storage | host-placed operations | host arrays "
+    "moved whole or gathered in device code |\n|---|---|---|---|---|---|---|---|\n"
+)
+
+
+def scale_row(shape: Shape, found: dict[str, Any], host: dict[str, dict[str, dict]]) -> str:
+    """One row of the page's scale table: `found` from `scale(shape)`, `host` the host
+    census's table at that shape (`census_host.table(shape)`)."""
+    grown = found["growing"]
+    allowed = sorted({name.split(".")[-1].split(" on ")[0] for name in grown
+                      if allowed_growth(name)})  # fmt: skip
+    others = len(grown) - sum(map(allowed_growth, grown))
+    draws = f"{others}" + (f" (and epochs' {', '.join(allowed)}: allowed)" if allowed else "")
+    moved = sum(c["whole transfers"] + c["device gathers/scatters"]
+                for per_platform in host.values() for c in per_platform.values())  # fmt: skip
+    return (
+        f"| {shape.envs:,} | {shape.steps:,} | {shape.batch:,} | {found['operations']} | "
+        f"{len(found['loops'])} | {draws} | {len(host)} | {moved} |"
+    )
 
 
 def markdown(rows: dict[str, dict[str, dict[str, int]]], columns: tuple = COUNTED) -> str:
@@ -227,4 +413,10 @@ def read_markdown(text: str) -> dict[str, dict[str, int]]:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown(table()))
+    if sys.argv[1:] == ["--scale"]:  # the page's scale table
+        import census_host
+
+        rows = [scale_row(s, scale(s), census_host.table(s)) for s in SCALE]
+        sys.stdout.write(SCALE_HEAD + "\n".join(rows) + "\n")
+    else:
+        sys.stdout.write(markdown(table()))

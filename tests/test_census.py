@@ -3,11 +3,15 @@ operations, and every operation's gathers and scatters under the ceilings of doc
 
 import pathlib
 
+import census
+import census_host
 import jax
 import jax.numpy as jnp
 import pytest
 from census import BRANCH_FREE, COUNTED, PLATFORMS, counts, lowered, markdown, read_markdown
 from census import table as census_table
+
+from jaxbuf import _host_memory, _sampling
 
 PAGE = pathlib.Path(__file__).parents[1] / "docs" / "census.md"
 
@@ -65,3 +69,82 @@ def test_the_page_table_reads_back():
     rows = {"a.sample": {p: dict.fromkeys(COUNTED, 1) for p in PLATFORMS}}
     rows["a.sample"]["tpu"] = {**rows["a.sample"]["tpu"], "gather": 3}
     assert read_markdown(markdown(rows)) == {"a.sample": {**dict.fromkeys(COUNTED, 1), "gather": 3}}
+
+
+@pytest.mark.parametrize("shape", census.SCALE, ids=lambda s: f"{s.envs}x{s.steps} B={s.batch}")
+def test_at_the_shapes_users_run_no_loop_no_branch_and_no_draw_sized_like_the_storage(shape):
+    """Every kind, sampler and tool lowered at thousands of environments and batches of
+    8k-32k (`census.SCALE`): no `while` or `case` in a hot operation on either platform,
+    and no draw (`sample`, `next_batch`, Brax's `sample_internal`) working on arrays of
+    the storage's size, but the epochs sampler's (`census.GROWS`, documented)."""
+    found = census.scale(shape)
+    assert found["operations"] >= 140
+    assert not found["loops"], "\n".join(found["loops"])
+    grown = {k: v for k, v in found["growing"].items() if not census.allowed_growth(k)}
+    assert not grown, grown
+    allowed = {k for k in found["growing"] if census.allowed_growth(k)}
+    assert len(allowed) == 8, "epochs' draws no longer grow: drop census.GROWS"  # 4 kinds x 2
+    host = census_host.table(shape)  # host-placed leaves (`host_memory=`), from real arrays
+    for name, per_platform in host.items():
+        for platform, counted in per_platform.items():
+            assert counted["whole transfers"] == counted["device gathers/scatters"] == 0, name
+            assert counted["while"] == counted["case/if"] == 0, f"{name} on {platform}"
+    if shape.envs > _host_memory.ROW_SLICES:  # final observations: one host scatter, no rows
+        step = host["transition n_step=3 frames.add_step"]["cuda"]
+        assert step["host gathers/scatters"] == 1 and step["row slices"] == 1, step
+    page = PAGE.read_text().split(census.SCALE_SECTION)[1]
+    assert census.scale_row(shape, found, host) in page, "python tests/census.py --scale"
+
+
+def test_the_scale_shapes_cross_every_size_switch():
+    """Each size-dependent switch is lowered on both of its sides."""
+    shapes = census.SCALE
+    for switch, size in (("_sampling.SMALL", lambda s: s.envs),
+                         ("_floyd_by_doubling's 1,024", lambda s: s.batch),
+                         ("_host_memory.ROW_SLICES", lambda s: s.batch)):  # fmt: skip
+        limit = {"_sampling.SMALL": _sampling.SMALL, "_host_memory.ROW_SLICES":
+                 _host_memory.ROW_SLICES}.get(switch, 1024)  # fmt: skip
+        assert min(map(size, shapes)) <= limit < max(map(size, shapes)), switch
+    assert {s.envs for s in shapes} >= {1, 64, 65, 1024, 4096}
+    assert {s.batch for s in shapes} >= {1, 256, 8192, 32768}
+    assert max(s.envs * s.steps for s in shapes) == 2**20 >= max(s.capacity for s in shapes)
+
+
+def test_the_capacity_check_finds_work_sized_like_the_storage():
+    """`census.growing_ops` flags a reduction, a select or a sort over the storage, and
+    neither a gather of its rows nor a scan over environments that makes results of a
+    ring's length at either capacity."""
+
+    x256 = jax.ShapeDtypeStruct((256, 8), jnp.float32)
+    i4096 = jax.ShapeDtypeStruct((4096,), jnp.int32)
+
+    def flagged(fn, rows: int) -> list[str]:
+        def args(n):
+            return (jax.ShapeDtypeStruct((n, 8), jnp.float32),
+                    jax.ShapeDtypeStruct((4096,), jnp.int32))  # fmt: skip
+
+        full, half = (census.lowered_for_each(fn, args(n))["cuda"] for n in (rows, rows // 2))
+        return census.growing_ops(full, half)
+
+    assert flagged(lambda x, i: x[i], 256) == []
+
+    def scanned(x, i):  # results of 256 entries inside the scan over 4,096
+        return x[i[:256]] + jax.lax.associative_scan(jnp.add, i).astype(jnp.float32)[:1, None]
+
+    assert "256xi32" in census.lowered_for_each(scanned, (x256, i4096))["cuda"]
+    assert flagged(scanned, 256) == []
+    assert any("reduce" in op for op in flagged(lambda x, i: x.sum() + x[i], 1 << 16))
+    assert any("select" in op for op in flagged(lambda x, i: jnp.where(x > 0, x, 0)[i], 1 << 16))
+    assert flagged(lambda x, i: jnp.argsort(x[:, 0])[i], 1 << 16)
+
+
+def test_lowering_once_per_platform_counts_as_export_does():
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+    def fn(x):
+        return jax.lax.platform_dependent(x, cpu=jnp.sin, default=lambda x: jnp.sort(x)[::-1])
+
+    texts = census.lowered_for_each(fn, (x,))
+    assert {p: counts(t) for p, t in texts.items()} == {p: counts(lowered(fn, (x,), p))
+                                                        for p in PLATFORMS}  # fmt: skip
+    assert counts(texts["cuda"])["sort"] == 1

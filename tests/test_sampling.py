@@ -107,3 +107,24 @@ def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
             expected = all_loop(draws, jnp.asarray(tops))
             got = all_doubling(jnp.int32(population), draws, jnp.asarray(tops))
             np.testing.assert_array_equal(got, expected)
+
+
+def test_locate_finds_group_and_member_on_both_sides_of_every_switch(platform_path):
+    """`locate` against NumPy for groups on both sides of `SMALL` (compared with every end
+    below, a binary search above: a loop on CPU, unrolled on accelerators), with empty
+    groups, runs of them, and every draw at a group's edges."""
+    rng = np.random.default_rng(3)
+    locate = jax.jit(_sampling.locate)
+    for groups in (1, 3, _sampling.SMALL, _sampling.SMALL + 1, 1024, 4096):
+        counts = rng.integers(0, 5, groups).astype(np.int32)
+        counts[rng.random(groups) < 0.3] = 0  # empty groups, some in runs
+        counts[-1] = max(counts[-1], 1)
+        ends = np.cumsum(counts)
+        edges = np.concatenate([ends - 1, ends[:-1], [0]])
+        flat = np.concatenate([edges, rng.integers(0, ends[-1], 8192)]).astype(np.int32)
+        flat = flat[(flat >= 0) & (flat < ends[-1])]
+        group, member = locate(jnp.asarray(flat), jnp.asarray(counts))
+        expected = np.searchsorted(ends, flat, side="right")
+        np.testing.assert_array_equal(group, expected)
+        np.testing.assert_array_equal(member, flat - (ends - counts)[expected])
+        assert np.all(counts[np.asarray(group)] > np.asarray(member))
