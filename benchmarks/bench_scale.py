@@ -17,6 +17,10 @@ timed round of one process:
 
 Time per step (median and fastest of the rounds) and bytes of the whole state
 per stored transition. Configurations over `--max-gib` of state are skipped.
+`--apart` also times the add alone and the sample alone (each its own scan on a
+full buffer, the ratio to Flashbax's same part); `--users` runs the shapes users
+run (4096 environments, batches of 8,192 and 32,768, 64 and 512 floats; 512
+environments of 128 floats, batch 8,192), apart too.
 
 `--sac`: Brax's own SAC (`inverted_pendulum`, positional backend, 64 envs or `--sac-envs`,
 batch 256, 8 updates per step) with `jaxbuf.brax` and with Brax's queue, once
@@ -115,8 +119,9 @@ def brax_like(queue, obs_dim):
         )  # fmt: skip
         return queue.insert_internal(state, step)
 
-    def sample(state, key):
-        state, t = queue.sample_internal(state)
+    def sample(state, key):  # the step's key, as the others take (a scan that samples
+        # alone would otherwise draw from the same state every step, which XLA hoists)
+        state, t = queue.sample_internal(state.replace(key=key))
         return t.observation.sum() + t.next_observation.sum() + t.reward.sum()
 
     return queue.init(jax.random.key(0)), add, sample
@@ -186,27 +191,48 @@ def filled(state, add, base):
     return jax.jit(fill, donate_argnums=0)(state)
 
 
-def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int) -> list[dict]:
+PARTS = ("add+sample", "add", "sample")  # --apart times each alone too
+
+
+def scan_bodies(add, sample, base) -> dict:
+    """The scanned steps of each part: add one step of every environment and sample, or
+    one of them alone (the other's carry passed through)."""
+
+    def both(carry, t):
+        state, total = carry
+        state = add(state, step_data(base, t + STEPS_PER_ENV))
+        return (state, total + sample(state, jax.random.fold_in(jax.random.key(2), t))), None
+
+    def add_alone(carry, t):
+        return (add(carry[0], step_data(base, t + STEPS_PER_ENV)), carry[1]), None
+
+    def sample_alone(carry, t):
+        state, total = carry
+        return (state, total + sample(state, jax.random.fold_in(jax.random.key(2), t))), None
+
+    return {"add+sample": both, "add": add_alone, "sample": sample_alone}
+
+
+def measure(envs: int, batch: int, obs_dim: int, length: int, repeats: int,
+            parts: tuple = PARTS[:1]) -> list[dict]:  # fmt: skip
     base = jax.random.normal(jax.random.key(1), (envs, obs_dim))
     cases, sizes = {}, {}
     for name, make in available().items():
         state, add, sample = make(envs, batch, obs_dim)
         state = filled(state, add, base)
         sizes[name] = nbytes(state) / (envs * STEPS_PER_ENV)
-
-        def body(carry, t, add=add, sample=sample):
-            state, total = carry
-            state = add(state, step_data(base, t + STEPS_PER_ENV))
-            return (state, total + sample(state, jax.random.fold_in(jax.random.key(2), t))), None
-
         times = jnp.arange(length, dtype=jnp.int32)
-        cases[name] = (run_scan(body, (state, jnp.float32(0)), times), 1)
+        bodies = scan_bodies(add, sample, base)
+        for part in parts:  # each scan donates its own copy of the full state
+            carry = (jax.tree.map(jnp.copy, state), jnp.float32(0))
+            cases[name, part] = (run_scan(bodies[part], carry, times), 1)
+        del state
     timed = interleaved_times(cases, repeats)
-    flat = timed["flashbax flat"][0] if "flashbax flat" in timed else float("nan")
-    return [{"envs": envs, "batch": batch, "obs": obs_dim, "variant": name,
+    flat = {part: timed.get(("flashbax flat", part), (float("nan"),))[0] for part in parts}
+    return [{"envs": envs, "batch": batch, "obs": obs_dim, "variant": name, "part": part,
              "us_per_step": median / length * 1e6, "fastest_us": fastest / length * 1e6,
-             "vs_flashbax": median / flat, "bytes_per_step": sizes[name]}
-            for name, (median, fastest) in timed.items()]  # fmt: skip
+             "vs_flashbax": median / flat[part], "bytes_per_step": sizes[name]}
+            for (name, part), (median, fastest) in timed.items()]  # fmt: skip
 
 
 def sac_environment(obs_size: int = 0):
@@ -302,10 +328,16 @@ def main() -> None:
     parser.add_argument("--sac-table", default="scale_sac", help="name of the SAC table")
     parser.add_argument("--sac-steps", type=int, default=40_000, help="steps after the prefill")
     parser.add_argument("--max-gib", type=float, default=4.0)
+    parser.add_argument("--apart", action="store_true", help="also add alone and sample alone")
+    parser.add_argument("--shapes", nargs="+", help="envs,batch,obs triples (the whole grid)")
+    parser.add_argument("--users", action="store_true",
+                        help="the shapes users run: 4096 envs x batches 8k, 32k x 64, 512 floats "
+                        "and 512 envs x 128 floats x 8k, add and sample apart too")  # fmt: skip
     parser.add_argument("--envs", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--batches", type=int, nargs="+", default=[512, 8192, 32768])
     parser.add_argument("--obs", type=int, nargs="+", default=[64, 512, 2048])
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--table", default="scale", help="name of the grid's table")
     args = parser.parse_args()
     SAC_ENV[0] = args.sac_env
     grid = (
@@ -313,6 +345,11 @@ def main() -> None:
         if args.quick
         else list(itertools.product(args.envs, args.batches, args.obs))
     )
+    if args.users:
+        grid = [*itertools.product([4096], [8192, 32768], [64, 512]), (512, 8192, 128)]
+    if args.shapes:  # E,B,D triples
+        grid = [tuple(map(int, shape.split(","))) for shape in args.shapes]
+    parts = PARTS if args.apart or args.users else PARTS[:1]
     rows = []
     for envs, batch, obs_dim in [] if args.sac_only else grid:
         full_pairs = envs * STEPS_PER_ENV * (2 * obs_dim + ACTION + 3) * 4
@@ -320,13 +357,15 @@ def main() -> None:
             print(f"skipped E={envs} B={batch} D={obs_dim}: {full_pairs / 2**30:.1f} GiB")
             continue
         print(f"E={envs} B={batch} D={obs_dim}", flush=True)
-        rows += measure(envs, batch, obs_dim, 8 if args.quick else 16, 3 if args.quick else 4)
+        rows += measure(envs, batch, obs_dim, 8 if args.quick else 16, 3 if args.quick else 4,
+                        parts)  # fmt: skip
     columns = [("envs", "envs", "{}"), ("batch", "batch", "{}"), ("obs", "obs", "{}"),
-               ("variant", "variant", "{}"), ("µs per step (median)", "us_per_step", "{:.0f}"),
+               ("variant", "variant", "{}"), ("timed", "part", "{}"),
+               ("µs per step (median)", "us_per_step", "{:.0f}"),
                ("fastest", "fastest_us", "{:.0f}"), ("/ flashbax flat", "vs_flashbax", "{:.2f}"),
                ("bytes per stored step", "bytes_per_step", "{:.0f}")]  # fmt: skip
     if rows:
-        write_results(args.out, "scale", rows, columns, __doc__)
+        write_results(args.out, args.table, rows, columns, __doc__)
     if args.sac or args.sac_only:
         sac_columns = [("case", "case", "{}"), ("seed", "seed", "{}"), ("buffer", "buffer", "{}"),
                        ("steps/s", "sps", "{:.0f}"), ("eval return", "return", "{:.1f}"),

@@ -128,3 +128,17 @@ def test_locate_finds_group_and_member_on_both_sides_of_every_switch(platform_pa
         np.testing.assert_array_equal(group, expected)
         np.testing.assert_array_equal(member, flat - (ends - counts)[expected])
         assert np.all(counts[np.asarray(group)] > np.asarray(member))
+
+
+def test_repeated_draws_are_found_by_pairs_and_by_sort_alike():
+    """`_repeated` compares every pair up to 1,024 draws and sorts above: both against
+    NumPy's first occurrences, with few distinct values (many repeats) and many."""
+    rng = np.random.default_rng(5)
+    repeated = jax.jit(_sampling._repeated)
+    for count in (1, 1024, 1025, 8192):
+        for distinct in (3, count, 10 * count):
+            draws = rng.integers(0, distinct, count).astype(np.int32)
+            first = np.zeros(count, bool)
+            first[np.unique(draws, return_index=True)[1]] = True
+            got = repeated(jnp.asarray(draws), jnp.arange(count, dtype=jnp.int32))
+            np.testing.assert_array_equal(got, ~first)
