@@ -191,7 +191,7 @@ def _search(ends: jax.Array, draws: jax.Array) -> jax.Array:
     `ceil(log2(G + 1))` steps: a `while` on CPU, where an iteration costs ~0.1 µs;
     unrolled on accelerators, where each iteration of a `while` is a round of
     kernel launches driven from the host (the transition buffer's `sample` took
-    230-390 µs at 4,096 environments on an H200 with the loop, 12 rounds) while the
+    230-390 µs at 4,096 environments on an H200 with the loop) while the
     unrolled steps are dependent reads of a `G`-entry table, elementwise over the
     draws, which XLA may fuse.
     """

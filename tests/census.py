@@ -6,6 +6,12 @@ On a GPU a `while` iteration is a kernel launch driven from the host and a `case
 sends its predicate to the host; each gather or scatter is a kernel. So these counts are
 what can be checked here of "fit for an accelerator". `tests/test_census.py` holds them
 to the table in `docs/census.md`; `python tests/census.py` prints that table anew.
+
+The table is lowered at 16 environments and batches of 256 (`BASE`); `scale` lowers
+every operation again at the shapes users run (`SCALE`: up to 4,096 environments,
+batches of 32,768, 2**20 steps), finds loops and branches there, and draws whose work
+grows with the capacity (`growing_ops`); `python tests/census.py --scale` prints the
+page's table of them.
 """
 
 from __future__ import annotations
