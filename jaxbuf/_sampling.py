@@ -66,6 +66,12 @@ def uniform_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     return scale_below(random_words(key, count), n)
 
 
+# Up to this many draws, sampling without replacement compares every pair of draws
+# (`[B, B]` elementwise work that fuses, and on CPU Floyd's loop); above, it sorts
+# and gathers, and the CPU takes the accelerators' path too.
+PAIRS = 1024
+
+
 def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     """`count` draws from `[0, n)` without replacement, in random order.
 
@@ -95,7 +101,7 @@ def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     # rounds and sort (8,192 draws: 34 against 4.4 ms; 32,768: 456 against 18 ms).
     chosen = (
         lax.platform_dependent(draws, tops, cpu=_floyd_in_loop, default=doubling)
-        if count <= 1024
+        if count <= PAIRS
         else doubling(draws, tops)
     )
     shuffled = chosen[jnp.argsort(words[count:])]
@@ -138,7 +144,7 @@ def _floyd_by_doubling(population: jax.Array, draws: jax.Array, tops: jax.Array)
         has = pointer >= 0
         # The step each pointer names, read by comparison below 1024 steps ([B, B]
         # elementwise work that fuses) and gathered above.
-        if count <= 1024:
+        if count <= PAIRS:
             named = pointer[:, None] == steps[None, :]
             collided = collided | jnp.any(named & collided[None, :], axis=1)
             pointer = jnp.where(has, jnp.sum(jnp.where(named, pointer[None, :], 0), axis=1), -1)
@@ -154,7 +160,7 @@ def _repeated(draws: jax.Array, steps: jax.Array) -> jax.Array:
     draws by comparing every pair (`[B, B]` elementwise work that fuses); above, where
     that grows to 10⁹ pairs at 32,768, by one sort of `(draw, step)` pairs, in which a
     draw repeats iff the pair before it has the same draw."""
-    if draws.shape[0] <= 1024:
+    if draws.shape[0] <= PAIRS:
         return jnp.any((draws[:, None] == draws[None, :]) & (steps[None, :] < steps[:, None]), 1)
     ordered, order = lax.sort((draws, steps), num_keys=2)
     again = jnp.concatenate([jnp.zeros(1, bool), ordered[1:] == ordered[:-1]])

@@ -100,10 +100,10 @@ def test_the_scale_shapes_cross_every_size_switch():
     """Each size-dependent switch is lowered on both of its sides."""
     shapes = census.SCALE
     for switch, size in (("_sampling.SMALL", lambda s: s.envs),
-                         ("_floyd_by_doubling's 1,024", lambda s: s.batch),
+                         ("_sampling.PAIRS", lambda s: s.batch),
                          ("_host_memory.ROW_SLICES", lambda s: s.batch)):  # fmt: skip
-        limit = {"_sampling.SMALL": _sampling.SMALL, "_host_memory.ROW_SLICES":
-                 _host_memory.ROW_SLICES}.get(switch, 1024)  # fmt: skip
+        limit = {"_sampling.SMALL": _sampling.SMALL, "_sampling.PAIRS": _sampling.PAIRS,
+                 "_host_memory.ROW_SLICES": _host_memory.ROW_SLICES}[switch]  # fmt: skip
         assert min(map(size, shapes)) <= limit < max(map(size, shapes)), switch
     assert {s.envs for s in shapes} >= {1, 64, 65, 1024, 4096}
     assert {s.batch for s in shapes} >= {1, 256, 8192, 32768}

@@ -135,7 +135,7 @@ def test_repeated_draws_are_found_by_pairs_and_by_sort_alike():
     NumPy's first occurrences, with few distinct values (many repeats) and many."""
     rng = np.random.default_rng(5)
     repeated = jax.jit(_sampling._repeated)
-    for count in (1, 1024, 1025, 8192):
+    for count in (1, _sampling.PAIRS, _sampling.PAIRS + 1, 8192):
         for distinct in (3, count, 10 * count):
             draws = rng.integers(0, distinct, count).astype(np.int32)
             first = np.zeros(count, bool)
