@@ -300,8 +300,7 @@ def capacity_dims(text: str) -> set[int]:
 # Operations that may take the storage whole without working on all of it: reads of
 # rows (a gather's result is `[B, ...]`) and calls (the callee's operations count).
 READS = ("stablehlo.gather", "stablehlo.dynamic_gather", "stablehlo.dynamic_slice",
-         "stablehlo.slice", "func.call", "call", "stablehlo.reshape",
-         "stablehlo.constant")  # fmt: skip
+         "stablehlo.slice", "func.call", "call")  # fmt: skip
 
 
 def operand_types(text: str) -> set[tuple[str, str]]:
