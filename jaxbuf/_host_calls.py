@@ -5,11 +5,16 @@ arrays. Allocated anew each time, a block of image batches (3.6 MB per batch of
 256 84x84 frame pairs) is memory the operating system maps and zeroes page by
 page at every call, and that cost grows with `k`. So each drawing call is also
 given back (donated) the block of two calls before, and XLA writes the new block
-into its memory. It is safe by construction: JAX donates a buffer only where
-nothing outside it still references it. A block the caller still holds (as NumPy
-views or Torch tensors) is not reused and stays valid; the call then allocates.
-Only blocks the caller can hold as JAX arrays (`output="jax"` on the state's
-device) are never given back, since a donated JAX array would be deleted.
+into its memory, once nothing but the loop references that block: no Python
+object (a JAX array the caller kept, a NumPy view) counts it, and JAX itself
+declines to donate memory that a Torch tensor still shares. A block the caller
+still holds stays valid; the call then gets a new block instead.
+
+The block given back is always an argument, a new one of the same shapes before
+there is a spent one, so the drawing call has one signature and compiles once
+(where the state is on one device; a state sharded over several takes a second
+compile at its third call). A call that draws without writing (`draw()`, and
+prefetch's first call, which draws twice) is a second program.
 
 With a `device`, blocks are moved there (`jax.device_put`, asynchronous) after
 the call; the block on the state's device is then the loop's own and is reused.
@@ -19,9 +24,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf import _export
@@ -45,10 +52,13 @@ class Calls:
     def __init__(self, blocks: Blocks, output: str, device: Any = None):
         self.one = jax.jit(single_add(blocks.buffer), donate_argnums=0)
         self._write = jax.jit(functools.partial(_run, blocks, draw=False), donate_argnums=0)
-        self._draw = jax.jit(functools.partial(_run, blocks, draw=True), donate_argnums=(0, 5),
-                             keep_unused=True)  # fmt: skip
+        self._drawing = functools.partial(_run, blocks, draw=True)
+        self._draw = jax.jit(self._drawing, donate_argnums=(0, 5), keep_unused=True)
         self._output, self._device = output, device
+        # per spent block: its structure, its arrays, and those of a delivered
+        # copy that may share their memory (device_put to the same device)
         self._spent: collections.deque = collections.deque()
+        self._new_block: Any = None  # jitted: the state -> a block of zeros
 
     def __call__(self, state: Any, key: jax.Array, stage: Any, priorities: Any,
                  options: dict, *, draw: bool) -> tuple[Any, jax.Array, Sample | None]:  # fmt: skip
@@ -57,12 +67,39 @@ class Calls:
         if not draw:
             state, key, _ = self._write(state, key, stage, priorities, options, None)
             return state, key, None
-        spent = self._spent.popleft() if len(self._spent) == 2 else None
-        state, key, made = self._draw(state, key, stage, priorities, options, spent)
+        args = (state, key, stage, priorities, options)
+        state, key, made = self._draw(*args, self._given_back(*args))
         block = made if self._device is None else jax.device_put(made, self._device)
-        if self._output != "jax" or not _shares_memory(block, made):
-            self._spent.append(made)
+        leaves, treedef = jax.tree.flatten(made)
+        aliases = jax.tree.leaves(block) if _may_alias(block, made) else []
+        self._spent.append((treedef, leaves, aliases))
         return state, key, convert(block, self._output)
+
+    def _given_back(self, *args: Any) -> Sample | None:
+        """The block the drawing call writes into: that of two calls before if
+        nothing but the loop references it any more, else a new one of the
+        same shapes (None only for a state on several devices)."""
+        if len(self._spent) == 2:
+            treedef, leaves, aliases = self._spent.popleft()
+            if _unreferenced(leaves) and _unreferenced(aliases):
+                return jax.tree.unflatten(treedef, leaves)
+        if len({d for leaf in jax.tree.leaves(args[0]) for d in leaf.devices()}) != 1:
+            return None
+        if self._new_block is None:
+            shapes = jax.eval_shape(self._drawing, *args, None)[2]
+            # made beside the state (on its device, committed as it is)
+            self._new_block = jax.jit(lambda _: jax.tree.map(_zeros, shapes))
+        return self._new_block(args[0])
+
+
+def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
+    return jnp.zeros(shape.shape, shape.dtype)
+
+
+def _unreferenced(leaves: list[jax.Array]) -> bool:
+    """Whether each array is referenced by `leaves` alone: no block, JAX array
+    or NumPy view the caller kept (two counts: the list's and the call's)."""
+    return all(sys.getrefcount(leaves[i]) <= 2 for i in range(len(leaves)))
 
 
 def _run(blocks: Blocks, state, key, steps, priorities, options, spent, *, draw: bool):
@@ -93,9 +130,9 @@ def convert(block: Sample, output: str) -> Sample:
     return block
 
 
-def _shares_memory(block: Sample, made: Sample) -> bool:
-    """Whether a delivered block may hold the memory of the block the call made:
-    it is that block, or shares a device with it (`device_put` to the same
-    device aliases)."""
+def _may_alias(block: Sample, made: Sample) -> bool:
+    """Whether a delivered block may hold the memory of the block the call made
+    under other array objects: moved to a device the made block is on
+    (`device_put` to the same device aliases)."""
     pairs = zip(jax.tree.leaves(block), jax.tree.leaves(made), strict=True)
-    return any(a is b or not a.devices().isdisjoint(b.devices()) for a, b in pairs)
+    return any(a is not b and not a.devices().isdisjoint(b.devices()) for a, b in pairs)

@@ -62,11 +62,11 @@ class HostLoop:
       before its steps are written, in the order given.
     - **Memory**: nothing is allocated per call. Two host stages take turns, and
       each drawing call writes its block into the memory of the block of two
-      calls before, once nothing references that block any more (JAX never
-      reuses memory that NumPy views or Torch tensors still hold: a block you
-      keep stays valid, and the call allocates instead). Blocks returned as
-      JAX arrays on the state's device (`output="jax"`, no `device`) are never
-      reused. Resident memory: the state, two stages and about two blocks.
+      calls before, once nothing but the loop references that block (a block
+      you keep, as JAX arrays, NumPy views or Torch tensors, stays valid: the
+      call then writes a new one). The drawing call compiles once: before two
+      blocks were spent it is given new ones of the same shapes. Resident
+      memory: the state, two stages and about two blocks.
     - **Prefetch** (`prefetch=True`, uniform and prioritized sampling): each
       call draws the block the next call returns, so a block holds what was
       written up to the call before the one that returns it (the last `2k`

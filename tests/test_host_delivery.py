@@ -52,6 +52,39 @@ def test_the_memory_of_dropped_blocks_is_reused_and_a_held_block_never_changes()
     chex.assert_trees_all_equal(held, kept)
 
 
+def test_jax_blocks_are_reused_once_dropped_and_never_while_held():
+    loop, pointers, held = loop_of(output="jax"), [], {}
+    for t, step in enumerate(steps(14 * K)):
+        block = loop.add(step)
+        if block is None:
+            continue
+        pointers.append(block.experience.obs.unsafe_buffer_pointer())
+        if t in (3 * K - 1, 6 * K - 1):  # a whole block, and one leaf alone
+            held[t] = block if t == 3 * K - 1 else block.experience.obs
+            held[-t] = np.array(held[t].experience.obs if t == 3 * K - 1 else held[t])
+        del block
+    assert sum(a == b for a, b in zip(pointers[4:], pointers[2:-2], strict=True)) >= 6
+    for index in (2, 5):
+        assert pointers[index] not in pointers[index + 1 :], "a held block is never written"
+    np.testing.assert_array_equal(held[3 * K - 1].experience.obs, held[-(3 * K - 1)])
+    np.testing.assert_array_equal(held[6 * K - 1], held[-(6 * K - 1)])
+
+
+@pytest.mark.parametrize("output", ["numpy", "jax"])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_drawing_call_compiles_once_when_learning_starts(output, prefetch):
+    """Writing only before learning, then drawing: one drawing program, whether the
+    block given back is new (first calls), spent, or still held by the caller; with
+    prefetch, a second that draws alone (the first call draws twice)."""
+    loop, kept = loop_of(output=output, prefetch=prefetch), []
+    for t, step in enumerate(steps(12 * K)):
+        block = loop.add(step, draw=t >= 3 * K)
+        if block is not None and t % (3 * K) == K - 1:
+            kept.append(block)
+    assert loop._calls._draw._cache_size() == (2 if prefetch else 1)
+    assert loop._calls._write._cache_size() == 1
+
+
 @pytest.mark.parametrize("output", ["jax", "torch"])
 def test_held_blocks_stay_valid_in_every_output(output):
     if output == "torch":
