@@ -52,8 +52,9 @@ class Calls:
     def __init__(self, blocks: Blocks, output: str, device: Any = None):
         self.one = jax.jit(single_add(blocks.buffer), donate_argnums=0)
         self._write = jax.jit(functools.partial(_run, blocks, draw=False), donate_argnums=0)
-        self._drawing = functools.partial(_run, blocks, draw=True)
-        self._draw = jax.jit(self._drawing, donate_argnums=(0, 5), keep_unused=True)
+        self._drawing = None if blocks.draw is None else functools.partial(_run, blocks, draw=True)
+        self._draw = jax.jit(functools.partial(_run, blocks, draw=True), donate_argnums=(0, 5),
+                             keep_unused=True)  # fmt: skip
         self._output, self._device = output, device
         # per spent block: its structure, its arrays, and those of a delivered
         # copy that may share their memory (device_put to the same device)
@@ -64,10 +65,14 @@ class Calls:
                  options: dict, *, draw: bool) -> tuple[Any, jax.Array, Sample | None]:  # fmt: skip
         """Priorities, then the stage's steps, then (with `draw`) a block: returns
         the state, the key and the block, delivered (moved and converted)."""
-        if not draw:
-            state, key, _ = self._write(state, key, stage, priorities, options, None)
-            return state, key, None
         args = (state, key, stage, priorities, options)
+        if self._new_block is None and self._drawing is not None:
+            # traced at the first call, which often only writes (before learning)
+            shapes = jax.eval_shape(self._drawing, *args, None)[2]
+            self._new_block = jax.jit(lambda _: jax.tree.map(_zeros, shapes))
+        if not draw:
+            state, key, _ = self._write(*args, None)
+            return state, key, None
         state, key, made = self._draw(*args, self._given_back(*args))
         block = made if self._device is None else jax.device_put(made, self._device)
         leaves, treedef = jax.tree.flatten(made)
@@ -85,11 +90,7 @@ class Calls:
                 return jax.tree.unflatten(treedef, leaves)
         if len({d for leaf in jax.tree.leaves(args[0]) for d in leaf.devices()}) != 1:
             return None
-        if self._new_block is None:
-            shapes = jax.eval_shape(self._drawing, *args, None)[2]
-            # made beside the state (on its device, committed as it is)
-            self._new_block = jax.jit(lambda _: jax.tree.map(_zeros, shapes))
-        return self._new_block(args[0])
+        return self._new_block(args[0])  # beside the state: its device, committed as it is
 
 
 def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:

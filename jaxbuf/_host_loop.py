@@ -231,9 +231,8 @@ class HostLoop:
             self._first_step(step, leaves, treedef)
         if treedef != self._stage.treedef:
             raise ValueError(_structure_mismatch(step, self._stage.treedef))
-        error = self._stage.shape_error(step, leaves)
-        if error is not None:
-            raise TypeError(error)
+        if not self._stage.fits(leaves):
+            raise TypeError(self._stage.shape_error(step, leaves))
         return leaves
 
     def _first_step(self, step: PyTree, leaves: list[np.ndarray], treedef: Any) -> None:

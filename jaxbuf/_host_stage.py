@@ -30,11 +30,18 @@ class Stage:
         self._arrays: list[np.ndarray] = []
         self._spare: list[np.ndarray] = []
         self._read_by: Any = None  # what the call that read `_spare` returns
+        self._signature: list[tuple] = []
 
     def allocate(self, treedef: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
         """Fixes the step's structure and allocates both stages."""
         self.treedef = treedef
         self._arrays, self._spare = _allocate(specs, self.k), _allocate(specs, self.k)
+        self._signature = [(spec.shape, spec.dtype) for spec in specs]
+
+    def fits(self, leaves: list[np.ndarray]) -> bool:
+        """Whether a step's leaves have the stage's shapes and dtypes (the check of
+        every step, kept to one comparison; `shape_error` says what differs)."""
+        return [(leaf.shape, leaf.dtype) for leaf in leaves] == self._signature
 
     def put(self, leaves: list[np.ndarray]) -> None:
         """Copies one checked step's leaves into row `count`."""

@@ -209,7 +209,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     final = _storage.read(side.experience, jnp.where(ended, envs, 0), jnp.where(ended, slot, 0))
     following = (starts + n) % capacity
     if k > 1:
-        obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k)
+        obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k, n)
     else:
         obs, following_obs = jax.lax.platform_dependent(
             steps["obs"], envs, starts, following, cpu=_two_reads, default=_one_read
@@ -247,11 +247,16 @@ def _where_rows(rows: jax.Array, yes: PyTree, no: PyTree) -> PyTree:
                         yes, no)  # fmt: skip
 
 
-def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k: int):
+def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k: int, n: int):
     """Frame stacks `[B, k, ...]` of the observation at `starts` and of the next
     one: the stack at `following` (the n-th next step), or, where the transition
     `ended` at the step `last`, that episode's frames up to `last` and then the
-    final observation. The times are chosen first, so each stack is one gather."""
+    final observation. The times are chosen first, so each stack is one gather.
+
+    With `n = 1` the next stack is the first one moved on by a step (its `k - 1`
+    newest frames, whether or not the step ended an episode), then the next frame:
+    `k + 1` frames read per transition instead of `2k`.
+    """
     steps = state.experience
 
     def done_at(e: jax.Array, t: jax.Array) -> jax.Array:
@@ -260,16 +265,21 @@ def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k
     def frames_at(times: jax.Array, count: int) -> jax.Array:
         return _frames.frame_times(state, envs, times, count, done_at)
 
-    until_end = jnp.concatenate([frames_at(last, k - 1), last[:, None]], axis=1)
-    next_at = jnp.where(ended[:, None], until_end, frames_at(following, k))
-
     def stack(at: jax.Array) -> PyTree:
         return jax.tree.map(lambda x: _frames.gather(x, envs[:, None], at), steps["obs"])
 
-    next_obs = stack(next_at)
-    newest = _where_rows(ended, final, jax.tree.map(lambda x: x[:, -1], next_obs))
-    next_obs = jax.tree.map(lambda x, f: x.at[:, -1].set(f), next_obs, newest)
-    return stack(frames_at(starts, k)), next_obs
+    obs = stack(frames_at(starts, k))
+    if n == 1:
+        older = jax.tree.map(lambda x: x[:, 1:], obs)
+    else:
+        until_end = frames_at(last, k - 1)
+        older = stack(jnp.where(ended[:, None], until_end, frames_at(following, k)[:, :-1]))
+    # the newest frame is chosen before the stack is joined, so one pass writes it
+    # (updating a gathered stack in place made XLA copy the stack twice)
+    final = jax.tree.map(lambda x: x[:, None], final)
+    newest = _where_rows(ended, final, stack(following[:, None]))
+    next_obs = jax.tree.map(lambda x, f: jnp.concatenate([x, f], axis=1), older, newest)
+    return obs, next_obs
 
 
 def _init(num_envs: int, capacity: int, k: int, frames: int, goals: _goals.Hindsight | None):

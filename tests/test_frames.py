@@ -54,10 +54,11 @@ def test_trajectory_windows_stack_frames_as_the_reference(seed):
                 assert batch.experience["obs"][row, step].tolist() == want
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_transition_obs_and_next_obs_stacks_match_the_reference(seed):
+@pytest.mark.parametrize(("seed", "n"), [(0, 1), (1, 1), (2, 2), (3, 2), (4, 3)])
+def test_transition_obs_and_next_obs_stacks_match_the_reference(seed, n):
+    """n = 1 builds the next stack from the first one moved on by a step; n > 1
+    gathers it apart."""
     rng = np.random.default_rng(10 + seed)
-    n = 2
     buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY, 64, n_step=n, frames={"obs": K})
     add, sample = jax.jit(buffer.add), jax.jit(buffer.sample)
     chunks, ids, done = history(rng, 12)
