@@ -16,7 +16,14 @@ Buffers, all fed the same recorded steps:
 - "jaxbuf per call": a jitted, donated `add_step` and `sample` every step;
 - "jaxbuf k=K": `jaxbuf.HostLoop` with `steps_per_call=K`: one call writes K
   staged steps and draws K batches; the learner takes batch j of the block.
-Batches reach the learner as NumPy arrays (TorchRL's as tensors). The
+A second table puts the learner on the accelerator (the default device: a GPU where
+there is one, else the CPU itself): each step folds its batch into the learner's
+parameters with a jitted call on that device and reads them back (as a policy's
+action is). There the NumPy ring and cpprb send each batch with one
+`jax.device_put` ("+ device_put", the ring is the baseline), and `HostLoop`
+delivers blocks on the device as JAX arrays (`output="jax"`, the learner takes batch
+`j` of the block) or Torch tensors (`output="torch"`, a Torch learner).
+In the first table batches reach the learner as NumPy arrays (TorchRL's as tensors). The
 environment's own step is timed apart; "share" is the buffer's part of an
 environment-plus-buffer step (`report.py` plots it against k). Variants take
 turns in every timed round over the recorded steps; the table gives the median
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib.util
 import json
 import os
 import pathlib
@@ -239,6 +247,87 @@ def variants() -> dict:
     return found
 
 
+def learner_step():
+    """A jitted learner on the device of its inputs: `learn(w, obs, reward)` folds one
+    batch into the parameters `w`; `learn_block(w, obs, reward, j)` takes batch `j` of a block.
+    After each step the loop reads `w` back (as a policy's action is), so every
+    variant waits for the learner's use of its batch."""
+
+    def fold(w, obs, reward):
+        return 0.99 * w + jnp.mean(obs.astype(jnp.float32)) + jnp.mean(reward)
+
+    learn = jax.jit(fold)
+    learn_block = jax.jit(lambda w, obs, reward, j: fold(w, obs[j], reward[j]))
+    return learn, learn_block
+
+
+def to_device_ring(make_peer, device):
+    """A NumPy-side buffer (the NumPy ring, cpprb) whose batch goes to the learner's
+    device with one `jax.device_put` per batch."""
+
+    def make(capacity: int, obs):
+        peer, (learn, _) = make_peer(capacity, obs), learner_step()
+        held = {"w": jax.device_put(jnp.float32(0), device)}
+
+        def step(*fields):
+            batch = peer(*fields)
+            cpprb = isinstance(batch, dict)
+            obs, reward = (batch["obs"], batch["rew"]) if cpprb else (batch[0], batch[2])
+            held["w"] = learn(held["w"], *jax.device_put((obs, reward), device))
+            return np.asarray(held["w"])
+
+        return step
+
+    return make
+
+
+def jaxbuf_to_learner(k: int, output: str, device):
+    """HostLoop delivering blocks on the learner's device (`output="jax"` or
+    `"torch"`); the learner takes batch `j` of the block at step `j`."""
+
+    def make(capacity: int, obs):
+        buffer = jaxbuf_buffer(capacity, obs)
+        state = jax.device_put(buffer.init(example_of(obs)), device)
+        loop = jaxbuf.HostLoop(buffer, state, jax.random.key(0), steps_per_call=k, output=output)
+        _, learn_block = learner_step()
+        held: dict = {"block": None, "j": 0, "w": jax.device_put(jnp.float32(0), device)}
+
+        def step(*fields):
+            block = loop.add(jaxbuf.Transition(*fields))
+            if block is not None:
+                held["block"], held["j"] = block.experience, 0
+            batch, j = held["block"], held["j"]
+            if batch is None or j >= k:
+                return None
+            held["j"] = j + 1
+            if output == "torch":  # a Torch learner on the same device
+                held["w"] = 0.99 * held["w"] + batch.obs[j].float().mean() + batch.reward[j].mean()
+                return float(held["w"])
+            held["w"] = learn_block(held["w"], batch.obs, batch.reward, j)
+            return np.asarray(held["w"])
+
+        if output == "torch":
+            import torch
+
+            held["w"] = torch.zeros((), device="cuda" if device.platform == "gpu" else "cpu")
+        return step
+
+    return make
+
+
+def learner_variants() -> dict:
+    """The learner on the accelerator (here: the default device, a GPU where there is
+    one): batches must reach it as device arrays."""
+    device = jax.devices()[0]
+    found = {"NumPy ring + device_put": to_device_ring(numpy_ring, device),
+             "cpprb + device_put": to_device_ring(cpprb_buffer, device)}  # fmt: skip
+    found.update({f"jaxbuf k={k}, jax": jaxbuf_to_learner(k, "jax", device)
+                  for k in (1, 8, 32, 128)})  # fmt: skip
+    if importlib.util.find_spec("torch") is not None:
+        found["jaxbuf k=32, torch"] = jaxbuf_to_learner(32, "torch", device)
+    return found
+
+
 def trimmed_resident() -> int:
     """Resident bytes after freed heap memory is handed back (glibc `malloc_trim`),
     so that one variant's freed memory does not count for the next."""
@@ -248,11 +337,13 @@ def trimmed_resident() -> int:
     return resident_bytes()
 
 
-def per_step_times(trace: list, capacity: int, repeats: int) -> tuple[dict, dict]:
-    """Seconds per environment step of every variant, one list entry per round, and
-    the resident bytes each variant added (made, filled, compiled, a round run)."""
+def per_step_times(trace: list, capacity: int, repeats: int,
+                   made: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """Seconds per environment step of every variant (`variants()`, or `made`), one
+    list entry per round, and the resident bytes each variant added (made, filled,
+    compiled, a round run)."""
     steps, resident = {}, {}
-    for name, make in variants().items():
+    for name, make in (made or variants()).items():
         before = trimmed_resident()
         steps[name] = make(capacity, trace[0][0])
         for _ in range(2):  # compile, fill, and one round as timed
@@ -269,9 +360,10 @@ def per_step_times(trace: list, capacity: int, repeats: int) -> tuple[dict, dict
     return times, resident
 
 
-def rows_of(env_name: str, measured: tuple[dict, dict], env_seconds: float) -> list[dict]:
+def rows_of(env_name: str, measured: tuple[dict, dict], env_seconds: float,
+            base_name: str = "NumPy ring") -> list[dict]:  # fmt: skip
     times, resident = measured
-    base = float(np.median(times["NumPy ring"]))
+    base = float(np.median(times[base_name]))
     rows = []
     for name, values in times.items():
         median = float(np.median(values))
@@ -303,6 +395,13 @@ def main() -> None:
     frames = frame_trace(steps // 2)
     rows += rows_of("84x84 uint8", per_step_times(frames, 8_000, repeats),
                     frame_env_time(steps // 2))  # fmt: skip
+    on = f"learner on {jax.devices()[0].platform.upper()}"
+    rows += rows_of(f"CartPole, {on}", per_step_times(cartpole_trace(steps), 100_000, repeats,
+                                                      learner_variants()),
+                    cartpole_env_time(steps), "NumPy ring + device_put")  # fmt: skip
+    rows += rows_of(f"84x84 uint8, {on}", per_step_times(frames, 8_000, repeats,
+                                                         learner_variants()),
+                    frame_env_time(steps // 2), "NumPy ring + device_put")  # fmt: skip
     rows += host_storage_rows(args.quick)
     columns = [("environment", "env", "{}"), ("buffer", "buffer", "{}"),
                ("median µs/step", "median_us", "{:.1f}"), ("fastest", "fastest_us", "{:.1f}"),
