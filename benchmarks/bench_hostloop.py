@@ -29,7 +29,8 @@ environment-plus-buffer step (`report.py` plots it against k). Variants take
 turns in every timed round over the recorded steps; the table gives the median
 and fastest round, in microseconds per environment step.
 
-Run: `python benchmarks/bench_hostloop.py [--quick] [--out benchmarks/results]`.
+Run: `python benchmarks/bench_hostloop.py [--quick] [--learner] [--out benchmarks/results]`
+(`--learner`: the second table alone, `hostloop_learner_<platform>.md`).
 """
 
 from __future__ import annotations
@@ -386,34 +387,45 @@ def host_storage_rows(quick: bool) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+COLUMNS = [("environment", "env", "{}"), ("buffer", "buffer", "{}"),
+           ("median µs/step", "median_us", "{:.1f}"), ("fastest", "fastest_us", "{:.1f}"),
+           ("/ NumPy ring", "ratio", "{:.2f}"), ("env µs/step", "env_us", "{:.1f}"),
+           ("buffer's share", "share", "{:.2f}"),
+           ("resident MiB added", "resident_mib", "{:.0f}"),
+           ("/ one device", "vs_one_device", "{:.2f}")]  # fmt: skip
+
+
+def learner_rows(steps: int, repeats: int) -> list[dict]:
+    """The learner on the accelerator: CartPole, and 84x84 frames over a trace of at
+    least 1,024 steps (8 blocks of k=128 per round: steady state, memory reused)."""
+    on = f"learner on {jax.devices()[0].platform.upper()}"
+    frames = frame_trace(max(steps // 2, 1024))
+    rows = rows_of(f"CartPole, {on}", per_step_times(cartpole_trace(steps), 100_000, repeats,
+                                                     learner_variants()),
+                   cartpole_env_time(steps), "NumPy ring + device_put")  # fmt: skip
+    return rows + rows_of(f"84x84 uint8, {on}", per_step_times(frames, 8_000, repeats,
+                                                               learner_variants()),
+                          frame_env_time(len(frames)), "NumPy ring + device_put")  # fmt: skip
+
+
 def main() -> None:
-    args = command_line(__doc__)
+    args = command_line(__doc__, {"--learner": "only the learner on the accelerator "
+                                               "(hostloop_learner_<platform>.md)"})  # fmt: skip
     # --quick: the standing GPU check gives this script 70 s (400 steps ran past it there)
     steps, repeats = (200, 3) if args.quick else (2000, 5)
+    if args.learner:
+        rows = learner_rows(steps, repeats)
+        write_results(args.out, "hostloop_learner", rows, COLUMNS[:-1], __doc__)
+        report(rows)
+        return
     rows = rows_of("CartPole", per_step_times(cartpole_trace(steps), 100_000, repeats),
                    cartpole_env_time(steps))  # fmt: skip
     frames = frame_trace(steps // 2)
     rows += rows_of("84x84 uint8", per_step_times(frames, 8_000, repeats),
                     frame_env_time(steps // 2))  # fmt: skip
-    on = f"learner on {jax.devices()[0].platform.upper()}"
-    rows += rows_of(f"CartPole, {on}", per_step_times(cartpole_trace(steps), 100_000, repeats,
-                                                      learner_variants()),
-                    cartpole_env_time(steps), "NumPy ring + device_put")  # fmt: skip
-    rows += rows_of(f"84x84 uint8, {on}", per_step_times(frames, 8_000, repeats,
-                                                         learner_variants()),
-                    frame_env_time(steps // 2), "NumPy ring + device_put")  # fmt: skip
     rows += host_storage_rows(args.quick)
-    columns = [("environment", "env", "{}"), ("buffer", "buffer", "{}"),
-               ("median µs/step", "median_us", "{:.1f}"), ("fastest", "fastest_us", "{:.1f}"),
-               ("/ NumPy ring", "ratio", "{:.2f}"), ("env µs/step", "env_us", "{:.1f}"),
-               ("buffer's share", "share", "{:.2f}"),
-               ("resident MiB added", "resident_mib", "{:.0f}"),
-               ("/ one device", "vs_one_device", "{:.2f}")]  # fmt: skip
-    write_results(args.out, "hostloop", rows, columns, __doc__)
-    for row in rows:
-        print(f"{row['env']:12s} {row['buffer']:16s} {row['median_us']:8.1f} us/step "
-              f"(fastest {row['fastest_us']:.1f})  {row.get('ratio', 0):.2f} of NumPy ring, "
-              f"{row.get('vs_one_device', 0):.2f} of one device")  # fmt: skip
+    write_results(args.out, "hostloop", rows, COLUMNS, __doc__)
+    report(rows)
     frames_rows = {r["buffer"]: r for r in rows if r["env"] == "84x84 uint8"}
     if "cpprb" in frames_rows:
         best = min((frames_rows[f"jaxbuf k={k}"]["median_us"], k) for k in BLOCKS if k <= 32)
@@ -422,6 +434,13 @@ def main() -> None:
     cart = {r["buffer"]: r for r in rows if r["env"] == "CartPole"}
     ratio, k = min((cart[f"jaxbuf k={k}"]["ratio"], k) for k in BLOCKS if k <= 32)
     print(f"hostloop: jaxbuf / NumPy ring {ratio:.2f} at k={k} (CartPole, {jax.default_backend()})")
+
+
+def report(rows: list[dict]) -> None:
+    for row in rows:
+        print(f"{row['env']:12s} {row['buffer']:16s} {row['median_us']:8.1f} us/step "
+              f"(fastest {row['fastest_us']:.1f})  {row.get('ratio', 0):.2f} of NumPy ring, "
+              f"{row.get('vs_one_device', 0):.2f} of one device")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -67,11 +67,14 @@ def flashbax_device() -> str:
     return jax.default_backend()
 
 
-def command_line(doc: str) -> argparse.Namespace:
-    """The arguments every timing script takes: `--quick` (a smoke run) and `--out`."""
+def command_line(doc: str, flags: dict[str, str] | None = None) -> argparse.Namespace:
+    """The arguments every timing script takes: `--quick` (a smoke run) and `--out`, and
+    the script's own on/off `flags` (`{"--name": "help"}`)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
     parser.add_argument("--out", default="benchmarks/results")
+    for flag, text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     return parser.parse_args()
 
 

@@ -73,7 +73,8 @@ def test_the_switched_script_is_the_one_the_guide_describes(upstream):
 
 def test_a_diff_that_does_not_apply_is_refused(upstream):
     diff = (upstream / "guide.diff").read_text()
-    (upstream / "guide.diff").write_text(diff.replace("-        rb.add(obs,", "-        rb.add(ob,"))
+    broken = diff.replace("-        rb.add(obs,", "-        rb.add(ob,")
+    (upstream / "guide.diff").write_text(broken)
     done = subprocess.run(["git", "apply", "--check", "guide.diff"], cwd=upstream,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode != 0 and "patch does not apply" in done.stderr
