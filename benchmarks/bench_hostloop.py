@@ -212,21 +212,34 @@ def jaxbuf_per_call(capacity: int, obs):
     return step
 
 
+def batch_taker(loop: jaxbuf.HostLoop, k: int):
+    """`take(fields)`: adds a step to the loop and returns `(block, j)`, the learner's
+    batch `j` of the newest block's experience (None before the first block)."""
+    held: dict = {"block": None, "j": 0}
+
+    def take(fields):
+        block = loop.add(jaxbuf.Transition(*fields))
+        if block is not None:
+            held["block"], held["j"] = block.experience, 0
+        if held["block"] is None or held["j"] >= k:
+            return None
+        held["j"] += 1
+        return held["block"], held["j"] - 1
+
+    return take
+
+
 def jaxbuf_host_loop(k: int):
     def make(capacity: int, obs):
         buffer = jaxbuf_buffer(capacity, obs)
         loop = jaxbuf.HostLoop(buffer, buffer.init(example_of(obs)), jax.random.key(0),
                                steps_per_call=k)  # fmt: skip
-        held: dict = {"block": None, "j": 0}
+        take = batch_taker(loop, k)
 
         def step(*fields):
-            block = loop.add(jaxbuf.Transition(*fields))
-            if block is not None:
-                held["block"], held["j"] = block.experience, 0
-            batch, j = held["block"], held["j"]
-            if batch is None or j >= k:
+            if (taken := take(fields)) is None:
                 return None
-            held["j"] = j + 1
+            batch, j = taken
             return (batch.obs[j], batch.action[j], batch.reward[j], batch.discount[j],
                     batch.next_obs[j])  # fmt: skip
 
@@ -291,16 +304,12 @@ def jaxbuf_to_learner(k: int, output: str, device):
         state = jax.device_put(buffer.init(example_of(obs)), device)
         loop = jaxbuf.HostLoop(buffer, state, jax.random.key(0), steps_per_call=k, output=output)
         _, learn_block = learner_step()
-        held: dict = {"block": None, "j": 0, "w": jax.device_put(jnp.float32(0), device)}
+        take, held = batch_taker(loop, k), {"w": jax.device_put(jnp.float32(0), device)}
 
         def step(*fields):
-            block = loop.add(jaxbuf.Transition(*fields))
-            if block is not None:
-                held["block"], held["j"] = block.experience, 0
-            batch, j = held["block"], held["j"]
-            if batch is None or j >= k:
+            if (taken := take(fields)) is None:
                 return None
-            held["j"] = j + 1
+            batch, j = taken
             if output == "torch":  # a Torch learner on the same device
                 held["w"] = 0.99 * held["w"] + batch.obs[j].float().mean() + batch.reward[j].mean()
                 return float(held["w"])
