@@ -270,14 +270,16 @@ def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k
 
     obs = stack(frames_at(starts, k))
     if n == 1:
-        older = jax.tree.map(lambda x: x[:, 1:], obs)
+        older, latest = jax.tree.map(lambda x: x[:, 1:], obs), stack(following[:, None])
     else:
-        until_end = frames_at(last, k - 1)
-        older = stack(jnp.where(ended[:, None], until_end, frames_at(following, k)[:, :-1]))
-    # the newest frame is chosen before the stack is joined, so one pass writes it
-    # (updating a gathered stack in place made XLA copy the stack twice)
+        until_end = jnp.concatenate([frames_at(last, k - 1), last[:, None]], axis=1)
+        after = stack(jnp.where(ended[:, None], until_end, frames_at(following, k)))
+        older, latest = (jax.tree.map(lambda x, s=s: x[:, s], after)
+                         for s in (slice(None, -1), slice(-1, None)))  # fmt: skip
+    # the newest frame is chosen, then the stack joined, in one pass (updating a
+    # gathered stack in place made XLA copy the stack twice)
     final = jax.tree.map(lambda x: x[:, None], final)
-    newest = _where_rows(ended, final, stack(following[:, None]))
+    newest = _where_rows(ended, final, latest)
     next_obs = jax.tree.map(lambda x, f: jnp.concatenate([x, f], axis=1), older, newest)
     return obs, next_obs
 
