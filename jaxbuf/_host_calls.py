@@ -97,10 +97,20 @@ def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
     return jnp.zeros(shape.shape, shape.dtype)
 
 
+def _count_in_list(items: list, index: int) -> int:
+    """What `sys.getrefcount` says of `items[index]` (2 on CPython up to 3.13 for
+    an object only the list holds: the list's count and the call's; measured
+    below, since an interpreter that borrows the argument says less)."""
+    return sys.getrefcount(items[index])
+
+
+_ALONE = _count_in_list([object()], 0)
+
+
 def _unreferenced(leaves: list[jax.Array]) -> bool:
     """Whether each array is referenced by `leaves` alone: no block, JAX array
-    or NumPy view the caller kept (two counts: the list's and the call's)."""
-    return all(sys.getrefcount(leaves[i]) <= 2 for i in range(len(leaves)))
+    or NumPy view the caller kept."""
+    return all(_count_in_list(leaves, i) <= _ALONE for i in range(len(leaves)))
 
 
 def _run(blocks: Blocks, state, key, steps, priorities, options, spent, *, draw: bool):
