@@ -52,9 +52,9 @@ class Calls:
     def __init__(self, blocks: Blocks, output: str, device: Any = None):
         self.one = jax.jit(single_add(blocks.buffer), donate_argnums=0)
         self._write = jax.jit(functools.partial(_run, blocks, draw=False), donate_argnums=0)
-        self._drawing = None if blocks.draw is None else functools.partial(_run, blocks, draw=True)
-        self._draw = jax.jit(functools.partial(_run, blocks, draw=True), donate_argnums=(0, 5),
-                             keep_unused=True)  # fmt: skip
+        drawing = functools.partial(_run, blocks, draw=True)
+        self._draw = jax.jit(drawing, donate_argnums=(0, 5), keep_unused=True)
+        self._drawing = None if blocks.draw is None else drawing  # traced for the block's shapes
         self._output, self._device = output, device
         # per spent block: its structure, its arrays, and those of a delivered
         # copy that may share their memory (device_put to the same device)
