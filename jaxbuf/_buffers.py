@@ -69,7 +69,7 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
         return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
 
     # the example is closed over, not abstracted: the layout's own checks name its leaves
-    _memory.check_fits(_memory.shapes(lambda: allocate(example)), example)
+    _memory.refuse_unfit(lambda: allocate(example), example)
     return allocate(example)
 
 

@@ -148,8 +148,11 @@ class HostLoop:
     @state.setter
     def state(self, state: Any) -> None:
         """Replaces the state (after `finish` and `clear` of a rollout, say); steps
-        staged since the last call are written into the new one."""
+        staged since the last call are written into the new one. A prefetched
+        block, drawn from the state replaced, is dropped: the next block is drawn
+        from the new one."""
         self._state = state
+        self._ahead = None
 
     def add(self, step: PyTree, *, draw: bool = True) -> Sample | None:
         """Stages one step: what `buffer.add_step` takes (leaves `[num_envs, ...]`),

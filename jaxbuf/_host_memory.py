@@ -127,12 +127,15 @@ def zeros(shape: tuple, dtype: Any) -> jax.Array:
 def hosted_paths(state: Any, buffer: Any = None) -> set[str]:
     """The paths (`jax.tree_util.keystr`) of a state's leaves in host memory: those
     of `state` that are arrays there, and those the `buffer`'s `host_memory` names
-    (for templates without memory kinds: `jax.eval_shape`'s)."""
+    (for templates without memory kinds: `jax.eval_shape`'s), in every buffer
+    state `state` holds (itself, or one inside a training state's dicts, lists
+    and records)."""
     config = {} if buffer is None else dict(buffer.config)
     names = tuple(config.get("host_memory", ()))
-    prefixes = tuple(f".experience['{name}']" for name in names)
+    inside = tuple(f".experience['{name}']" for name in names)
     if "obs" in names and config.get("kind") == "transition":
-        prefixes += (".side.experience",)  # its final observations
+        inside += (".side.experience",)  # its final observations
+    prefixes = tuple(root + path for root in _buffer_states(state) for path in inside)
     found = set()
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         name = jax.tree_util.keystr(path)
@@ -140,6 +143,17 @@ def hosted_paths(state: Any, buffer: Any = None) -> set[str]:
         if kind == "pinned_host" or name.startswith(prefixes):
             found.add(name)
     return found
+
+
+def _buffer_states(tree: Any) -> list[str]:
+    """The paths of the buffer states in `tree` (records with `experience` and
+    `position`), `""` for `tree` itself."""
+
+    def is_state(node: Any) -> bool:
+        return hasattr(node, "experience") and hasattr(node, "position")
+
+    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_state)[0]
+    return [jax.tree_util.keystr(path) for path, node in nodes if is_state(node)]
 
 
 def to_host(values: jax.Array) -> jax.Array:

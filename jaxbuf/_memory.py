@@ -4,14 +4,21 @@ whether they fit the device.
 `memory(buffer, example)` traces `init` without allocating (`jax.eval_shape`)
 and reports every leaf of the state. Every `init` checks the same total against
 the memory of the device it would land on, and refuses, before allocating,
-a state that cannot fit.
+a state that cannot fit: when it runs, or is traced by `jit` (whose program
+would allocate it). What only describes a state never refuses: `memory`, and
+`jax.eval_shape` of anything that calls `init` (a checkpoint's template).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import inspect
 import math
 import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -21,6 +28,8 @@ from jaxbuf import _host_memory
 from jaxbuf._types import PyTree
 
 GIB = 2**30
+_DESCRIBING = contextvars.ContextVar("jaxbuf_describing", default=False)
+_EVAL_SHAPE = inspect.unwrap(jax.eval_shape).__code__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +95,39 @@ def memory(buffer: Any, example: PyTree) -> MemoryReport:
       >>> report.leaves[".experience['obs']"], report.stored_steps, report.per_stored_step
       (16000, 1000, 20.012)
     """
-    return report(shapes(lambda: buffer.init(example)), example)
+    with _describing():
+        return report(shapes(lambda: buffer.init(example)), example)
+
+
+@contextlib.contextmanager
+def _describing() -> Iterator[None]:
+    token = _DESCRIBING.set(True)
+    try:
+        yield
+    finally:
+        _DESCRIBING.reset(token)
+
+
+def describing() -> bool:
+    """Whether `init` is being traced only for its shapes: by `memory`, or inside
+    `jax.eval_shape` (found on the call stack; `eval_shape` traces as `jit`
+    does, so nothing else tells them apart)."""
+    if _DESCRIBING.get():
+        return True
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _EVAL_SHAPE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_unfit(make: Callable[[], Any], example: PyTree, stored: Any = None) -> None:
+    """Raises a `ValueError` (see `check_fits`) if the state `make()` would allocate
+    cannot fit, unless only its shapes are wanted (`describing`). `stored`: the
+    state's stored steps (default `state.experience`)."""
+    if not describing():
+        check_fits(shapes(make), example, stored)
 
 
 def shapes(make: Any) -> Any:
@@ -98,8 +139,9 @@ def shapes(make: Any) -> Any:
         return jax.eval_shape(make)
 
 
-def report(state: Any, example: PyTree) -> MemoryReport:
-    """The `MemoryReport` of a state's abstract values (`shapes` of `init`)."""
+def report(state: Any, example: PyTree, stored: Any = None) -> MemoryReport:
+    """The `MemoryReport` of a state's abstract values (`shapes` of `init`);
+    `stored(state)`: its storage of steps (default `state.experience`)."""
     flat = jax.tree_util.tree_flatten_with_path(state)[0]
     leaves = {
         jax.tree_util.keystr(path): math.prod(leaf.shape) * leaf.dtype.itemsize
@@ -109,9 +151,10 @@ def report(state: Any, example: PyTree) -> MemoryReport:
                if _host_memory.on_host(leaf))  # fmt: skip
     # every item leaf is stored behind the same leading axes: the fewest dimensions
     # of a stored leaf less the fewest of an item leaf is their number
-    stored = min(jax.tree.leaves(state.experience), key=lambda leaf: leaf.ndim)
-    leading = stored.ndim - min(np.ndim(leaf) for leaf in jax.tree.leaves(example))
-    stored_steps = math.prod(stored.shape[:leading])
+    storage = state.experience if stored is None else stored(state)
+    fewest = min(jax.tree.leaves(storage), key=lambda leaf: leaf.ndim)
+    leading = fewest.ndim - min(np.ndim(leaf) for leaf in jax.tree.leaves(example))
+    stored_steps = math.prod(fewest.shape[:leading])
     return MemoryReport(leaves=leaves, total=sum(leaves.values()), stored_steps=stored_steps,
                         host=host)  # fmt: skip
 
@@ -132,11 +175,11 @@ def device_free_bytes(device: Any = None) -> int | None:
     return None
 
 
-def check_fits(state: Any, example: PyTree) -> None:
+def check_fits(state: Any, example: PyTree, stored: Any = None) -> None:
     """Raises a `ValueError` (before anything is allocated) if the state of these
     shapes cannot fit the default device's free memory (leaves in host memory
     aside, except on a CPU, whose memories are one)."""
-    needed = report(state, example)
+    needed = report(state, example, stored)
     free = device_free_bytes()
     own = needed.total if jax.devices()[0].platform == "cpu" else needed.device
     if free is None or own <= free:

@@ -13,9 +13,14 @@ the values a float32 buffer would return after `x.astype(storage).astype(float32
   their sign); `inf` and `nan` stay what they are.
 - Only float32 leaves can be narrowed: integer, bool (exact by nature) and
   other float leaves are refused, naming the leaf.
+- bfloat16 is rounded on the bits (to nearest, ties to even), so float32
+  subnormals keep their value as NumPy's `astype` does (XLA's CPU conversion
+  flushes them to zero).
 - Leaves are named by their first key (`"obs"` for `{"obs": ...}` items or a
-  `Transition`'s `.obs`, every leaf below it included). A transition buffer
-  stores `next_obs` with `obs`, so `"obs"` covers both.
+  `Transition`'s `.obs`, every leaf below it included), each name its own
+  leaf, with one exception: a transition buffer stores `next_obs` in the ring
+  of `obs`, so there `"obs"` covers both (`Transition` or a dict with its
+  field names) and `"next_obs"` may only repeat it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf._buffers import Layout
-from jaxbuf._types import PyTree, Transition
+from jaxbuf._types import PyTree
 
 NARROW = {"bfloat16": jnp.dtype(jnp.bfloat16), "float16": jnp.dtype(jnp.float16)}
 
@@ -55,11 +60,19 @@ def check_storage_dtypes(storage_dtypes: Any) -> dict[str, str]:
                 f"kept in 2 bytes), got {label}."
             )
         checked[name] = label
-    if "next_obs" in checked and checked.get("obs") != checked["next_obs"]:
-        raise ValueError(
-            "storage_dtypes['next_obs'] is stored with obs: give 'obs' alone (it covers both)."
-        )
     return checked
+
+
+def with_next_obs(dtypes: dict[str, str]) -> dict[str, str]:
+    """A transition buffer's `dtypes`: `next_obs` stored as `obs` is (one ring
+    holds both); raises if `storage_dtypes` names `next_obs` otherwise."""
+    if "next_obs" in dtypes and dtypes.get("obs") != dtypes["next_obs"]:
+        raise ValueError(
+            f"storage_dtypes['next_obs']={dtypes['next_obs']!r}, but a transition buffer stores "
+            f"next_obs with obs (storage_dtypes['obs']={dtypes.get('obs')!r}): give 'obs' "
+            "alone, which covers both."
+        )
+    return {**dtypes, "next_obs": dtypes["obs"]} if "obs" in dtypes else dict(dtypes)
 
 
 def _name(path: tuple) -> str:
@@ -72,14 +85,10 @@ def _name(path: tuple) -> str:
 
 
 def _narrowed(tree: PyTree, dtypes: dict[str, str]) -> dict[str, str]:
-    """The storage dtype of each narrowed leaf of `tree`, by its path; `next_obs`
-    follows `obs` in a `Transition`."""
-    names = dict(dtypes)
-    if isinstance(tree, Transition) and "obs" in names:
-        names["next_obs"] = names["obs"]
+    """The storage dtype of each narrowed leaf of `tree`, by its path."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): names[_name(path)]
-            for path, _ in leaves if _name(path) in names}  # fmt: skip
+    return {jax.tree_util.keystr(path): dtypes[_name(path)]
+            for path, _ in leaves if _name(path) in dtypes}  # fmt: skip
 
 
 def _dtype(leaf: Any) -> np.dtype:
@@ -123,11 +132,39 @@ def store(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
                 f"{jax.tree_util.keystr(path)} is {_dtype(leaf)}; it is stored as "
                 f"{target} from float32 (storage_dtypes): give float32 or {target}."
             )
+        if target == "bfloat16":
+            return _to_bfloat16(jnp.asarray(leaf))
         largest = float(jnp.finfo(NARROW[target]).max)
         clamped = jnp.where(jnp.isfinite(leaf), jnp.clip(leaf, -largest, largest), leaf)
         return clamped.astype(NARROW[target])
 
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+# float32 bit patterns: the exponent's all-ones (inf, nan), bfloat16's largest finite
+# value, and the quiet bit of a bfloat16 nan
+_INF_BITS, _BF16_MAX_BITS, _QUIET = 0x7F800000, 0x7F7F0000, 0x0040
+
+
+def _to_bfloat16(x: jax.Array) -> jax.Array:
+    """float32 -> bfloat16 on the bits: the high 16 rounded to nearest, ties to even
+    (`bits + 0x7FFF + lsb`, which carries into the exponent where it should);
+    finite magnitudes above bfloat16's largest clamped to it; nan kept quiet.
+    Exact for subnormals, which arithmetic on a flushing CPU would zero."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    magnitude = bits & jnp.uint32(0x7FFFFFFF)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    clamped = (bits & jnp.uint32(0x80000000) | _BF16_MAX_BITS) >> 16
+    high = jnp.where(magnitude > _BF16_MAX_BITS, clamped, rounded)
+    high = jnp.where(magnitude >= _INF_BITS, bits >> 16, high)  # inf as it is
+    high = jnp.where(magnitude > _INF_BITS, (bits >> 16) | _QUIET, high)  # nan
+    return jax.lax.bitcast_convert_type(high.astype(jnp.uint16), jnp.bfloat16)
+
+
+def _from_bfloat16(x: jax.Array) -> jax.Array:
+    """bfloat16 -> float32 on the bits (exact, subnormals included)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def restore(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
@@ -138,6 +175,8 @@ def restore(tree: PyTree, dtypes: dict[str, str]) -> PyTree:
     def one(path, leaf):
         if jax.tree_util.keystr(path) not in narrowed:
             return leaf
+        if jnp.asarray(leaf).dtype == jnp.bfloat16:
+            return _from_bfloat16(jnp.asarray(leaf))
         return jnp.asarray(leaf).astype(jnp.float32)
 
     return jax.tree_util.tree_map_with_path(one, tree)

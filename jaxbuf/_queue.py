@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _storage, _validation
+from jaxbuf import _memory, _storage, _validation
 from jaxbuf._types import Config, PyTree, Sample, _Record
 
 
@@ -111,8 +111,14 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
     def init(example: PyTree) -> QueueState:
         """An empty queue for items like `example` (one item, no batch axis): leaves
         `[capacity, *item]` of zeros."""
-        experience = _storage.allocate(_validation.item_spec(example), config.capacity)
-        return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
+        spec = _validation.item_spec(example)
+
+        def allocate() -> QueueState:
+            experience = _storage.allocate(spec, config.capacity)
+            return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
+
+        _memory.refuse_unfit(allocate, spec)
+        return allocate()
 
     def can_add(state: QueueState) -> jax.Array:
         """bool scalar: whether `add_batch_size` more items fit."""

@@ -12,7 +12,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from jaxbuf import _buffers, _returns, _storage, _validation
+from jaxbuf import _buffers, _memory, _returns, _storage, _validation
 from jaxbuf._types import Config, PyTree, _Record
 
 
@@ -227,13 +227,18 @@ def init(config: Config, example_step: PyTree) -> RolloutBufferState:
         lambda s: jax.ShapeDtypeStruct((config.num_envs, *s.shape), s.dtype), spec
     )
     shape, dtype = (config.num_steps, config.num_envs), spec["value"].dtype
-    return RolloutBufferState(
-        experience=_storage.allocate(per_env, config.num_steps),
-        size=jnp.zeros((), jnp.int32),
-        dropped=jnp.zeros((), jnp.int32),
-        advantages=jnp.zeros(shape, dtype),
-        returns=jnp.zeros(shape, dtype),
-    )
+
+    def allocate() -> RolloutBufferState:
+        return RolloutBufferState(
+            experience=_storage.allocate(per_env, config.num_steps),
+            size=jnp.zeros((), jnp.int32),
+            dropped=jnp.zeros((), jnp.int32),
+            advantages=jnp.zeros(shape, dtype),
+            returns=jnp.zeros(shape, dtype),
+        )
+
+    _memory.refuse_unfit(allocate, spec)
+    return allocate()
 
 
 def add(config: Config, state: RolloutBufferState, step: PyTree) -> RolloutBufferState:

@@ -476,7 +476,9 @@ def make_transition_buffer(
                          "reads the stored goals, which must keep their dtype.")  # fmt: skip
     return _buffers.assemble(
         _host_memory.hosted_layout(
-            _precision.narrowed_layout(_layout(config, stacks.get("obs", 1), goals), narrow),
+            _precision.narrowed_layout(
+                _layout(config, stacks.get("obs", 1), goals), _precision.with_next_obs(narrow)
+            ),
             hosted,
             side="obs",
         ),

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _precision, _sampling, _storage, _validation
+from jaxbuf import _memory, _precision, _sampling, _storage, _validation
 from jaxbuf._storage import TimeRingState
 from jaxbuf._types import PyTree
 
@@ -123,11 +123,17 @@ class BraxReplay:
         self.sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
 
     def init(self, key: jax.Array) -> BraxReplayState:
-        """An empty state holding `key`."""
-        experience = _storage.allocate(self.stored_spec, self.num_envs, self.capacity_per_env)
-        pending = _storage.allocate(self.stored_spec["observation"], self.num_envs)
-        return BraxReplayState(TimeRingState(experience=experience, **_storage.counters()),
-                               pending, key, jnp.zeros((), jnp.int32))  # fmt: skip
+        """An empty state holding `key`; refused, before anything is allocated, if it
+        cannot fit the device (`jaxbuf.memory`'s check)."""
+
+        def allocate() -> BraxReplayState:
+            experience = _storage.allocate(self.stored_spec, self.num_envs, self.capacity_per_env)
+            pending = _storage.allocate(self.stored_spec["observation"], self.num_envs)
+            return BraxReplayState(TimeRingState(experience=experience, **_storage.counters()),
+                                   pending, key, jnp.zeros((), jnp.int32))  # fmt: skip
+
+        _memory.refuse_unfit(allocate, self.spec, lambda state: state.steps.experience)
+        return allocate()
 
     def check_can_insert(self, buffer_state: Any, samples: Any, shards: int) -> None:
         """Brax's hook before an insert: nothing to check (a full ring overwrites)."""

@@ -87,6 +87,28 @@ def test_a_next_observation_other_than_the_next_step_is_counted():
     assert int(state.mismatched) == 2
 
 
+def test_one_differing_element_of_next_observation_counts_its_step():
+    replay = jaxbuf.brax.BraxReplay(20, DUMMY, 8, num_envs=2)
+    state = replay.init(jax.random.key(0))
+    steps = brax_steps(np.random.default_rng(2), 2, 3)
+    changed = np.array(steps[0].next_observation)
+    changed[1, 2] += 1.0  # environment 1, one element of three
+    state = replay.insert(state, steps[0]._replace(next_observation=changed))
+    state = replay.insert(state, steps[1])
+    assert int(state.mismatched) == 1
+
+
+@pytest.mark.parametrize("size, num_envs, per_env", [(10, 4, 3), (12, 4, 3), (13, 4, 4), (3, 4, 1)])
+def test_rings_keep_at_least_max_replay_size_transitions(size, num_envs, per_env):
+    """`ceil(size / num_envs)` steps per environment: never fewer than Brax's queue keeps."""
+    replay = jaxbuf.brax.BraxReplay(size, DUMMY, 8, num_envs=num_envs)
+    state = replay.init(jax.random.key(0))
+    for step in brax_steps(np.random.default_rng(3), num_envs, 2 * per_env + 1):
+        state = replay.insert(state, step)
+    assert replay.capacity_per_env == per_env
+    assert int(replay.size(state)) == num_envs * per_env >= size
+
+
 @pytest.mark.parametrize(
     "make, error, match",
     [

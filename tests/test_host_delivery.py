@@ -134,6 +134,18 @@ def test_a_block_is_drawn_by_its_own_call_or_with_prefetch_by_the_one_before(pre
         assert block.experience.action[block.valid].max() <= newest
 
 
+def test_a_prefetched_block_of_a_replaced_state_is_dropped():
+    """After `loop.state = new`, the next block holds only steps of the new state:
+    those staged after it (actions 100+), none of the state replaced (actions < 100)."""
+    loop = loop_of(prefetch=True)
+    for step in steps(3 * K):
+        loop.add(step)
+    loop.state = jaxbuf.make_transition_buffer(N, 32, 4).init(EXAMPLE)
+    later = [step.replace(action=step.action + 100) for step in steps(K)]
+    block = next(b for b in map(loop.add, later) if b is not None)
+    assert (block.experience.action[block.valid] >= 100).all() and block.valid.any()
+
+
 def test_prefetch_loses_no_step_at_a_save_or_the_end_of_a_run(tmp_path):
     plain, ahead = loop_of(), loop_of(prefetch=True)
     all_steps = steps(7 * K + 3)

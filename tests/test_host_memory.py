@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import jaxbuf
 from jaxbuf import _host_memory
@@ -285,3 +286,43 @@ def test_datasets_from_data_and_configs_keep_host_placement(tmp_path):
     assert memory_kind(again.experience["obs"]) == "pinned_host"
     rebuilt = jaxbuf.buffer_from_config(dict(buffer.config))
     assert memory_kind(rebuilt.init(EXAMPLE).experience["obs"]) == "pinned_host"
+
+
+class Learner(struct.PyTreeNode):  # a flax TrainState-like record
+    params: dict
+    replay: object
+    step: jax.Array
+
+
+@pytest.mark.parametrize("kind", ["replay", "transition"])
+def test_a_whole_training_state_restores_its_host_leaves_into_host_memory(kind, tmp_path):
+    """Buffer states nested in dicts, lists and records, from `jax.eval_shape`'s template
+    (no memory kinds): the host leaves come back in host memory, the others on the device."""
+    if kind == "replay":
+        buffer, example = jaxbuf.make_replay_buffer(20, 4, host_memory=("obs",)), EXAMPLE
+        hosted = [lambda s: s.experience["obs"]]
+        state = buffer.add(buffer.init(example), random_items(np.random.default_rng(0), 15))
+    else:
+        buffer = jaxbuf.make_transition_buffer(2, 8, 4, min_episode_length=2,
+                                               host_memory=("obs",))  # fmt: skip
+        obs = jnp.zeros((6, 5), jnp.uint8)
+        example = jaxbuf.Transition(obs, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
+                                    jnp.bool_(False), obs)  # fmt: skip
+        hosted = [lambda s: s.experience["obs"], lambda s: s.side.experience]
+        state = buffer.init(example)
+
+    def whole(state, step):
+        return {
+            "learner": Learner({"w": jnp.ones(3)}, [state, {"again": state}], step),
+            "key": jax.random.key_data(jax.random.key(0)),
+        }
+
+    folder = jaxbuf.save(tmp_path / "ckpt", whole(state, jnp.int32(12)), buffer)
+    template = jax.eval_shape(lambda: whole(buffer.init(example), jnp.int32(0)))
+    restored = jaxbuf.restore(folder, template, buffer)
+    assert_same(restored, whole(state, jnp.int32(12)))
+    for replay in (restored["learner"].replay[0], restored["learner"].replay[1]["again"]):
+        for leaf in hosted:
+            assert memory_kind(leaf(replay)) == "pinned_host"
+        assert memory_kind(replay.experience["reward"]) == "device"
+    assert memory_kind(restored["learner"].params["w"]) == "device"

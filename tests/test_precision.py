@@ -117,10 +117,20 @@ def test_blocks_and_vectorize_take_narrow_buffers():
         (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"id": "float16"}).init(
             {"x": jnp.zeros(2), "id": jnp.int32(0)}), TypeError,
          "storage_dtypes['id']: example['id'] is int32; only float32 leaves"),
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"done": "bfloat16"}).init(
+            {"x": jnp.zeros(2), "done": jnp.bool_(False)}), TypeError,
+         "storage_dtypes['done']: example['done'] is bool; only float32 leaves"),
+        (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"h": "bfloat16"}).init(
+            {"h": jnp.zeros(2, jnp.float16)}), TypeError,
+         "storage_dtypes['h']: example['h'] is float16; only float32 leaves"),
+        (lambda: (lambda b: b.add(b.init({"x": jnp.zeros(2)}), {"x": jnp.zeros((3, 2), bool)}))(
+            jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"x": "bfloat16"})), TypeError,
+         "['x'] is bool; it is stored as bfloat16 from float32"),
         (lambda: jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"y": "float16"}).init(
             {"x": jnp.zeros(2)}), ValueError, "storage_dtypes names ['y'], which the example"),
         (lambda: jaxbuf.make_transition_buffer(2, 8, 2, storage_dtypes={"next_obs": "float16"}),
-         ValueError, "storage_dtypes['next_obs'] is stored with obs"),
+         ValueError, "storage_dtypes['next_obs']='float16', but a transition buffer stores "
+         "next_obs with obs (storage_dtypes['obs']=None): give 'obs' alone"),
         (lambda: jaxbuf.make_transition_buffer(
             2, 8, 2, storage_dtypes={"obs": "float16"},
             goals=jaxbuf.hindsight(lambda a, d: (a == d).astype(jnp.float32))), ValueError,
@@ -134,3 +144,74 @@ def test_blocks_and_vectorize_take_narrow_buffers():
 def test_bad_storage_dtypes_are_named(make, error, match):
     with pytest.raises(error, match=re.escape(match)):
         make()
+
+
+SUBNORMALS = np.array([1e-40, -3e-39, 5e-39, 1.1e-38, -1e-45, 1.17e-38], np.float32)
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_subnormals_and_every_bit_pattern_round_as_numpy_rounds_them(name):
+    """float32 subnormals (bfloat16 keeps float32's exponent range, so it has them
+    too), then 100,000 random bit patterns: infinities, nans, the clamp, ties."""
+    buffer = jaxbuf.make_replay_buffer(100_000, 2, storage_dtypes={"x": name})
+    bits = np.random.default_rng(5).integers(0, 2**32, 100_000 - 6, dtype=np.uint64)
+    values = np.concatenate([SUBNORMALS, bits.astype(np.uint32).view(np.float32)])
+    state = jax.jit(buffer.add)(buffer.init({"x": jnp.float32(0)}), {"x": values})
+    got = np.asarray(buffer.take(state, jnp.arange(values.size))["x"])
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = rounded(values, name)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    if name == "bfloat16":
+        assert (got[[0, 1, 2, 3, 5]] != 0).all() and got[4] == 0  # -1e-45 rounds to -0
+
+
+FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
+
+
+def as_dict_(step):
+    return {name: getattr(step, name) for name in FIELDS}
+
+
+def transition_fields(obs, next_obs):
+    return {
+        "obs": obs,
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0),
+        "terminated": jnp.bool_(False),
+        "truncated": jnp.bool_(False),
+        "next_obs": next_obs,
+    }
+
+
+def test_a_transition_buffer_takes_dicts_with_its_field_names_when_narrow():
+    """`obs` covers `next_obs` whether the example and the steps are Transitions or
+    dicts, mixed either way, and the draws are those of a Transition-fed buffer."""
+    buffer = jaxbuf.make_transition_buffer(2, 10, 8, min_episode_length=2,
+                                           storage_dtypes={"obs": "bfloat16"})  # fmt: skip
+    as_dict = transition_fields(jnp.zeros(6), jnp.zeros(6))
+    from_dict, from_step = buffer.init(as_dict), buffer.init(STEP)
+    assert from_dict.side.experience.dtype == from_step.side.experience.dtype == jnp.bfloat16
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        steps = random_steps(rng, 2, 3, 1.0)
+        from_dict = buffer.add(from_dict, as_dict_(steps))
+        from_step = buffer.add(from_step, steps)
+    chex.assert_trees_all_equal(buffer.sample(from_dict, jax.random.key(1)),
+                                buffer.sample(from_step, jax.random.key(1)))  # fmt: skip
+    step = jax.tree.map(lambda x: x[:, 0], as_dict_(random_steps(rng, 2, 1, 1.0)))
+    buffer.add_step(from_step, step)  # a dict step into a state made from a Transition
+
+
+def test_a_replay_buffer_names_next_obs_as_its_own_leaf():
+    example = transition_fields(jnp.zeros(3), jnp.zeros(3))
+    only_next = jaxbuf.make_replay_buffer(10, 2, storage_dtypes={"next_obs": "bfloat16"})
+    state = only_next.init(example)
+    assert state.experience["next_obs"].dtype == jnp.bfloat16
+    assert state.experience["obs"].dtype == jnp.float32
+    only_obs = jaxbuf.make_replay_buffer(10, 2, storage_dtypes={"obs": "float16"})
+    assert only_obs.init(example).experience["next_obs"].dtype == jnp.float32
+    both = {"obs": "float16", "next_obs": "float16"}
+    transition = jaxbuf.make_transition_buffer(2, 10, 2, storage_dtypes=both)
+    assert transition.init(STEP).side.experience.dtype == jnp.float16
