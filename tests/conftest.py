@@ -5,6 +5,7 @@ Warnings are errors too (`filterwarnings = error` in pyproject.toml).
 
 import jax
 import pytest
+from skips import skip_holds
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -32,3 +33,22 @@ def platform_path(request, monkeypatch):
 
         monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
     return request.param
+
+
+_UNFOUNDED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    """Records a skip whose stated condition does not hold here (`skips.py`)."""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+        if not skip_holds(reason):
+            _UNFOUNDED.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails a session that passed with unfounded skips: a test that could run here."""
+    if _UNFOUNDED and exitstatus == 0:
+        session.exitstatus = 1
+        print("\nskipped although their condition does not hold here:\n  " +
+              "\n  ".join(_UNFOUNDED))  # fmt: skip

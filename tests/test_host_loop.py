@@ -178,6 +178,25 @@ def test_host_loop_applies_staged_priorities_before_the_next_write():
     np.testing.assert_allclose(leaves, [5, 5, 2, 1, 5, 5])
 
 
+@pytest.mark.parametrize("staged", [0, 1])
+def test_flush_applies_staged_priorities_before_a_partial_stage(staged):
+    """Priorities staged with a partial stage (or none) are applied by `flush`, before
+    the staged steps are written: the rows set keep them, the new row the maximum."""
+    buffer = jaxbuf.make_replay_buffer(6, 4, sampler=jaxbuf.prioritized(1.0))
+    loop = jaxbuf.HostLoop(buffer, buffer.init(jnp.int32(0)), jax.random.key(0),
+                           steps_per_call=2)  # fmt: skip
+    loop.add(np.array([0, 1], np.int32))
+    loop.add(np.array([2, 3], np.int32))
+    loop.set_priorities(np.array([0, 3]), np.array([4.0, 0.5]))
+    for item in range(staged):
+        loop.add(np.array([4, 5], np.int32) + item)
+    loop.flush()
+    tree = loop.state.sampler.tree
+    leaves = np.asarray(tree.sums)[len(tree.sums) // 2 :][:6]
+    np.testing.assert_allclose(leaves, [4, 1, 1, 0.5, *([4, 4] if staged else [0, 0])])
+    assert loop.staged == 0 and not loop._priorities
+
+
 def test_nothing_staged_is_lost_at_an_exception_or_a_save(tmp_path):
     buffer = jaxbuf.make_transition_buffer(N, 16, 4)
     steps = transition_steps(np.random.default_rng(1), 7)

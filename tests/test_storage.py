@@ -60,3 +60,23 @@ def test_wide_rows_give_the_same_states_as_the_accelerator_path(monkeypatch):
 
     monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
     chex.assert_trees_all_equal(filled_frames_buffer(), cpu)
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+@pytest.mark.parametrize("width", [2, 600])  # a scatter, and the CPU's slices for wide rows
+def test_time_rings_wrap_multi_step_writes_of_any_number_of_environments(num_envs, width):
+    """`append_steps` of 1 to `capacity` steps at every position, one environment among
+    them (where the environment and time axes are easy to mix up), against NumPy."""
+    rng, capacity = np.random.default_rng(num_envs * width), 5
+    ring = _storage.TimeRingState(
+        experience=np.zeros((num_envs, capacity, width), np.uint8), **_storage.counters()
+    )
+    expected = np.zeros((num_envs, capacity, width), np.uint8)
+    append = jax.jit(_storage.append_steps)
+    for length in [1, 3, 5, 2, 4, 1, 5, 3, 2, 2]:
+        steps = rng.integers(0, 255, (num_envs, length, width), dtype=np.uint8)
+        rows = (int(ring.position) + np.arange(length)) % capacity
+        expected[:, rows] = steps
+        ring = append(ring, steps)
+        np.testing.assert_array_equal(ring.experience, expected, err_msg=f"{length=}")
+    assert int(ring.size) == capacity and int(ring.added) == 28

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from skips import needs
 
 import jaxbuf
 
@@ -129,8 +130,10 @@ def dqn_training():
 
 
 def test_a_dqn_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path):
-    # gymnax 1.0 (steps with `truncated`) needs jax 0.6: absent where CI tests jax 0.5.0
-    pytest.importorskip("gymnax", minversion="1.0")
+    # gymnax 1.0 (steps with `truncated`) needs jax 0.6: absent where CI tests jax 0.5.0.
+    # Its version comes from its metadata: gymnax 1.0.1 has no __version__, and
+    # importorskip's minversion then skipped it everywhere.
+    needs("gymnax", "1.0")
     init, train_chunk = dqn_training()
     with jax.numpy_dtype_promotion("standard"):  # optax mixes int32 counts and floats
         runner, _ = train_chunk(init(jax.random.key(0)))  # learning has begun
@@ -208,6 +211,28 @@ def test_a_64_bit_value_a_32_bit_template_cannot_hold_is_refused(tmp_path, name,
     # a float64 rounds to the float32 the template asks for (here, to zero: 5e-324 is within
     # float32's range, not above its smallest subnormal, as JAX's own conversion rounds it)
     assert restored["tiny"].dtype == jnp.float32
+
+
+def test_values_a_32_bit_template_holds_restore_at_the_edges(tmp_path):
+    """What survives the narrowing restores: float64 infinities and nans (not finite values
+    lost), complex values rounded within range (not required exact), and Python ints at both
+    ends of 64 bits (`-2**63` too) into a Python int template."""
+    floats = np.array([np.inf, -np.inf, np.nan, 1.5, 0.1], np.float64)
+    saved = {"floats": floats, "complex": np.complex128(0.1 + 0.2j),
+             "lowest": -(2**63), "highest": 2**63 - 1}  # fmt: skip
+    folder = jaxbuf.save(tmp_path / "ckpt", saved)
+    template = {
+        "floats": jax.ShapeDtypeStruct((5,), jnp.float32),
+        "complex": jax.ShapeDtypeStruct((), jnp.complex64),
+        "lowest": 0,
+        "highest": 0,
+    }
+    restored = jaxbuf.restore(folder, template)
+    np.testing.assert_array_equal(restored["floats"], floats.astype(np.float32))
+    assert restored["complex"] == np.complex64(0.1 + 0.2j)
+    assert restored["lowest"] == -(2**63) and restored["highest"] == 2**63 - 1
+    with pytest.raises(ValueError, match="does not fit in 64 bits"):
+        jaxbuf.save(tmp_path / "too_low", {"n": -(2**63) - 1})
 
 
 def test_a_jax_template_asking_for_64_bits_without_x64_is_refused(tmp_path):
