@@ -64,7 +64,8 @@ def make_replay_buffer(
       storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves stored in 2 bytes
         (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
         opt-in (see `jaxbuf._precision`: rounding to nearest, a clamp at the
-        storage dtype's range, never an inf from a finite value).
+        storage dtype's range, never an inf from a finite value). Each name
+        covers its own top-level leaf: items with `obs` and `next_obs` name both.
       host_memory: `("obs",)`: top-level item leaves allocated in the device's
         `pinned_host` memory instead of its own (a buffer larger than the
         accelerator's memory), written and read by row slices inside `add` and
