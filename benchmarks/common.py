@@ -46,7 +46,20 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "versions": {p: _version(p) for p in ("jaxbuf", "jax", "jaxlib", "flax", "flashbax")},
+        "versions": {
+            p: _version(p)
+            for p in (
+                "jaxbuf",
+                "jax",
+                "jaxlib",
+                "flax",
+                "flashbax",
+                "brax",
+                "playground",
+                "mujoco",
+                "mujoco-mjx",
+            )
+        },
     }
 
 

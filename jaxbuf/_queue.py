@@ -67,6 +67,17 @@ class Queue(_Record):
     config: Config
 
 
+def _init(capacity: int, example: PyTree) -> QueueState:
+    spec = _validation.item_spec(example)
+
+    def allocate() -> QueueState:
+        experience = _storage.allocate(spec, capacity)
+        return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
+
+    _memory.refuse_unfit(allocate, spec)
+    return allocate()
+
+
 def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Queue:
     """Makes a FIFO queue: items leave in the order they came, each exactly once.
 
@@ -110,15 +121,8 @@ def make_queue(capacity: int, add_batch_size: int, sample_batch_size: int) -> Qu
 
     def init(example: PyTree) -> QueueState:
         """An empty queue for items like `example` (one item, no batch axis): leaves
-        `[capacity, *item]` of zeros."""
-        spec = _validation.item_spec(example)
-
-        def allocate() -> QueueState:
-            experience = _storage.allocate(spec, config.capacity)
-            return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
-
-        _memory.refuse_unfit(allocate, spec)
-        return allocate()
+        `[capacity, *item]` of zeros; refused before allocating if it cannot fit."""
+        return _init(config.capacity, example)
 
     def can_add(state: QueueState) -> jax.Array:
         """bool scalar: whether `add_batch_size` more items fit."""

@@ -87,6 +87,49 @@ class BraxReplayState(struct.PyTreeNode):
     mismatched: jax.Array
 
 
+class BufferReport:
+    """What the buffer that `sac.train` built inside a `use_in_brax(..., report=True)`
+    block saw, read on the host while it trains: every `sample` (once per training
+    step) sends its counters through a `jax.debug.callback`. Brax returns no
+    buffer state, so this is how `mismatched` is read.
+
+    Attributes:
+      enabled: whether samples report (`use_in_brax`'s `report`).
+      samples: the reports received (one per device per training step).
+      mismatched: stored steps whose given `next_observation` differed from the
+        next step's observation: 0 unless a wrapper broke the equality the buffer
+        relies on (those steps then sample the stored next observation); None
+        before the first training step.
+      size: the transitions stored; None before the first training step.
+
+    On several devices, `mismatched` and `size` sum the latest report of each.
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.samples = enabled, 0
+        self._latest: dict[int, tuple[int, int]] = {}
+
+    def record(self, mismatched: Any, size: Any) -> None:
+        """Takes one device's counters (called from the compiled training step)."""
+        self._latest[self.samples % jax.local_device_count()] = (int(mismatched), int(size))
+        self.samples += 1
+
+    @property
+    def mismatched(self) -> int | None:
+        return sum(m for m, _ in self._latest.values()) if self._latest else None
+
+    @property
+    def size(self) -> int | None:
+        return sum(n for _, n in self._latest.values()) if self._latest else None
+
+    def metrics(self) -> dict[str, int]:
+        """`{"buffer/mismatched": ..., "buffer/size": ...}` to log beside Brax's own
+        metrics in a `progress_fn`; empty before the first report."""
+        if not self._latest:
+            return {}
+        return {"buffer/mismatched": self.mismatched, "buffer/size": self.size}
+
+
 class BraxReplay:
     """Brax's `UniformSamplingQueue` interface, observations stored once (see the
     module docstring).
@@ -105,10 +148,14 @@ class BraxReplay:
       storage_dtypes: `{"observation": "bfloat16"}`: float32 leaves stored in 2
         bytes and sampled as float32 (`observation` covers the next one); lossy
         and opt-in, as for `jaxbuf.make_replay_buffer`.
+      report: a `BufferReport` that every `sample` updates on the host (a
+        `jax.debug.callback`), or None.
     """
 
     def __init__(self, max_replay_size: int, dummy_data_sample: Any, sample_batch_size: int,
-                 *, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None):  # fmt: skip
+                 *, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None,
+                 report: BufferReport | None = None):  # fmt: skip
+        self.report = report
         devices = jax.device_count()
         num_envs = _validation.check_int("num_envs", num_envs)
         if num_envs % devices:
@@ -152,6 +199,7 @@ class BraxReplay:
     def insert_internal(self, buffer_state: BraxReplayState, samples: Any) -> BraxReplayState:
         """`insert`, as Brax's `PmapWrapper` calls it on each device."""
         stored, given_next = _split(samples, self.template)
+        self._check_num_envs(stored)
         _validation.check_batch(self.spec, stored, [("num_envs", self.num_envs)], "samples")
         spec = self.spec["observation"]
         _validation.check_batch(spec, given_next, [("num_envs", self.num_envs)],
@@ -166,7 +214,24 @@ class BraxReplay:
         stored, following = _draw(buffer_state, now, self.sample_batch_size)
         stored = _precision.restore(stored, self.narrow)
         following = _precision.restore({"observation": following}, self.narrow)["observation"]
+        if self.report is not None and self.report.enabled:
+            jax.debug.callback(self.report.record, buffer_state.mismatched,
+                               self.size(buffer_state))  # fmt: skip
         return buffer_state.replace(key=key), _join(stored, following, self.template)
+
+    def _check_num_envs(self, stored: dict[str, Any]) -> None:
+        """Names the value to change when the environments of an insert are not those
+        `num_envs` promised (`use_in_brax`'s argument, which `sac.train` cannot see)."""
+        given = jnp.shape(jax.tree.leaves(stored["observation"])[0])[:1]
+        if self.report is None or given == (self.num_envs,):
+            return
+        devices = jax.device_count()
+        raise ValueError(
+            f"use_in_brax(num_envs={self.num_envs * devices}): but sac.train inserts "
+            f"{given[0] if given else 'no'} environments per device ({devices} device(s)), "
+            f"num_envs={given[0] * devices if given else '?'} in all: give use_in_brax the "
+            "num_envs given to sac.train."
+        )
 
     def size(self, buffer_state: BraxReplayState) -> jax.Array:
         """The transitions stored, all of them drawable (int32)."""
@@ -179,15 +244,23 @@ class BraxReplay:
 
 
 @contextlib.contextmanager
-def use_in_brax(*, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None
-                ) -> Iterator[None]:  # fmt: skip
+def use_in_brax(*, num_envs: int, storage_dtypes: Mapping[str, Any] | None = None,
+                report: bool = False) -> Iterator[BufferReport]:  # fmt: skip
     """Within the block, Brax's trainers build a `BraxReplay` where they build a
     `UniformSamplingQueue` (Brax's SAC and MuJoCo Playground's, which calls it).
 
     Args:
-      num_envs: what you pass to `sac.train` as `num_envs`.
+      num_envs: what you pass to `sac.train` as `num_envs` (checked against the
+        device count here, against `sac.train`'s inserts when it traces them).
       storage_dtypes: see `BraxReplay` (`{"observation": "bfloat16"}` halves the
-        observations' bytes).
+        observations' bytes); names checked here against Brax's `Transition`.
+      report: whether every training step sends the buffer's counters to the
+        host (a `jax.debug.callback` per step and device: a host round trip
+        on a GPU, which is why it is opt-in).
+
+    Yields:
+      A `BufferReport`: `report.mismatched` and `report.metrics()` (for Brax's
+      `progress_fn`) while `sac.train` runs and after.
 
     Examples:
       A Brax user changes two lines::
@@ -197,16 +270,41 @@ def use_in_brax(*, num_envs: int, storage_dtypes: Mapping[str, Any] | None = Non
               make_policy, params, metrics = sac.train(environment=env, num_envs=64, ...)
     """
     replay_buffers = _import_brax_replay_buffers()
-    _validation.check_int("num_envs", num_envs)
+    _check_use(num_envs, storage_dtypes, report)
     original = replay_buffers.UniformSamplingQueue
-    _precision.check_storage_dtypes(storage_dtypes)
+    seen = BufferReport(report)
     replay_buffers.UniformSamplingQueue = functools.partial(
-        BraxReplay, num_envs=num_envs, storage_dtypes=storage_dtypes
+        BraxReplay, num_envs=num_envs, storage_dtypes=storage_dtypes, report=seen
     )
     try:
-        yield
+        yield seen
     finally:
         replay_buffers.UniformSamplingQueue = original
+
+
+# the fields of brax.training.types.Transition that storage_dtypes can name
+BRAX_FIELDS = ("observation", "action", "reward", "discount", "extras")
+
+
+def _check_use(num_envs: Any, storage_dtypes: Any, report: Any) -> None:
+    """`use_in_brax`'s arguments, checked before Brax builds anything."""
+    num_envs = _validation.check_int("num_envs", num_envs)
+    if num_envs % jax.device_count():
+        raise ValueError(
+            f"use_in_brax(num_envs={num_envs}): sac.train splits num_envs over the "
+            f"{jax.device_count()} devices, so it must be a multiple of {jax.device_count()}."
+        )
+    narrow = _precision.check_storage_dtypes(storage_dtypes)
+    unknown = sorted(set(narrow) - set(BRAX_FIELDS))
+    if unknown:
+        covered = " (next_observation is stored with observation: name observation)"
+        raise ValueError(
+            f"use_in_brax(storage_dtypes=...) names {unknown}, which Brax's Transition does "
+            f"not store; its fields: {list(BRAX_FIELDS)}"
+            f"{covered if NEXT in unknown else ''}."
+        )
+    if not isinstance(report, bool):
+        raise TypeError(f"use_in_brax(report=...) must be True or False, got {report!r}.")
 
 
 def _import_brax_replay_buffers() -> Any:

@@ -145,11 +145,13 @@ def test_use_in_brax_replaces_brax_s_queue_and_restores_it():
 
 
 def train_sac(use_jaxbuf: bool, seed: int):
+    """Evaluation rewards of Brax's SAC, and with jaxbuf what its report said at each
+    `progress_fn` (`report=True`)."""
     from brax import envs
     from brax.training.agents.sac import train as sac
 
     env = envs.get_environment("inverted_pendulum", backend="positional")
-    evals = []
+    evals, reports = [], []
     config = dict(
         environment=env,
         num_timesteps=30_000,
@@ -164,15 +166,17 @@ def train_sac(use_jaxbuf: bool, seed: int):
         seed=seed,
         learning_rate=6e-4,
         discounting=0.97,
-        progress_fn=lambda step, m: evals.append(float(m["eval/episode_reward"])),
-    )
+        progress_fn=lambda step, m: (evals.append(float(m["eval/episode_reward"])),
+                                     reports.append(seen.metrics() if use_jaxbuf else {})),
+    )  # fmt: skip
     # Brax's code relies on JAX's default promotions, which conftest.py makes strict
     with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
         if use_jaxbuf:
-            with jaxbuf.brax.use_in_brax(num_envs=64):
+            with jaxbuf.brax.use_in_brax(num_envs=64, report=True) as seen:
                 sac.train(**config)
         else:
             sac.train(**config)
+    return evals, reports
     return evals
 
 
@@ -186,10 +190,66 @@ def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
     pytest.importorskip("brax")
     if not hasattr(jax, "device_put_replicated"):
         pytest.skip("Brax 0.14 calls jax.device_put_replicated, gone in JAX 0.10")
-    ours, theirs = train_sac(True, seed=0), train_sac(False, seed=0)
+    (ours, reports), (theirs, _) = train_sac(True, seed=0), train_sac(False, seed=0)
+    # the report, read in progress_fn: nothing before training, then the queue's size
+    # (20k, full: 20,032 at 313 per environment) and no mismatched step
+    assert reports[0] == {} and reports[-1] == {"buffer/mismatched": 0, "buffer/size": 20_032}
     assert ours[0] == theirs[0] < 50
     assert ours[-1] > 150 and theirs[-1] > 150
     assert abs(ours[-1] - theirs[-1]) < 60
+
+
+@pytest.mark.parametrize(
+    "arguments, error, match",
+    [
+        ({"num_envs": 0}, ValueError, "num_envs"),
+        ({"num_envs": 4, "storage_dtypes": {"next_observation": "bfloat16"}}, ValueError,
+         r"names \['next_observation'\], which Brax's Transition does not store; .* name "
+         "observation"),
+        ({"num_envs": 4, "storage_dtypes": {"obs": "bfloat16"}}, ValueError,
+         r"use_in_brax\(storage_dtypes=...\) names \['obs'\]"),
+        ({"num_envs": 4, "storage_dtypes": {"observation": "int8"}}, ValueError,
+         "must be 'bfloat16' or 'float16'"),
+        ({"num_envs": 4, "report": "yes"}, TypeError, r"report=...\) must be True or False"),
+    ],
+)  # fmt: skip
+def test_use_in_brax_checks_its_arguments_at_the_call(arguments, error, match):
+    with pytest.raises(error, match=match):
+        jaxbuf.brax._check_use(arguments["num_envs"], arguments.get("storage_dtypes"),
+                               arguments.get("report", False))  # fmt: skip
+
+
+def test_num_envs_not_divisible_by_the_devices_is_named_at_the_call(monkeypatch):
+    monkeypatch.setattr(jax, "device_count", lambda: 4)
+    with pytest.raises(ValueError, match=r"use_in_brax\(num_envs=6\): .* multiple of 4"):
+        jaxbuf.brax._check_use(6, None, False)
+
+
+def test_an_insert_of_other_num_envs_names_use_in_brax_and_the_value():
+    """What `sac.train` inserts (64 environments) against what `use_in_brax` was told (32)."""
+    report = jaxbuf.brax.BufferReport(enabled=False)
+    replay = jaxbuf.brax.BraxReplay(64, DUMMY, 8, num_envs=32, report=report)
+    state = replay.init(jax.random.key(0))
+    step = brax_steps(np.random.default_rng(0), 64, 1)[0]
+    with pytest.raises(ValueError, match=r"use_in_brax\(num_envs=32\): but sac.train inserts "
+                       r"64 environments per device \(1 device\(s\)\), num_envs=64 in all"):
+        replay.insert(state, step)
+
+
+def test_the_report_counts_what_samples_send():
+    """Through the compiled sample (a debug callback): a mismatched step, the size."""
+    report = jaxbuf.brax.BufferReport(enabled=True)
+    replay = jaxbuf.brax.BraxReplay(20, DUMMY, 8, num_envs=2, report=report)
+    sample = jax.jit(replay.sample)
+    state = replay.init(jax.random.key(0))
+    assert report.metrics() == {} and report.mismatched is None
+    steps = brax_steps(np.random.default_rng(2), 2, 3)
+    state = replay.insert(state, steps[0]._replace(next_observation=steps[0].observation))
+    state = replay.insert(state, steps[1])
+    state, _ = jax.block_until_ready(sample(state))
+    jax.effects_barrier()
+    assert report.metrics() == {"buffer/mismatched": 2, "buffer/size": 4}
+    assert report.samples == 1
 
 
 def test_use_in_brax_without_brax_says_how_to_install_it(monkeypatch):

@@ -1,12 +1,13 @@
 """The Python examples of the README and of the documentation pages run as written.
 
-The README's run in order; the pages' run in the order of the site's navigation, in one
-namespace (a page may use what an earlier page made, as a reader going through them would).
+The README's run in order; each page's run in order in a namespace of its own, as a reader
+pasting one page's code into a fresh interpreter would run them.
 """
 
 import pathlib
 import re
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -38,15 +39,21 @@ def test_readme_examples_run_in_order():
         exec(compile(block, str(README), "exec"), namespace)
 
 
-def test_documentation_examples_run_in_order():
+def documented_pages() -> list[str]:
+    """The site's pages holding Python examples, in the order of its navigation (notebooks
+    run in test_notebooks.py; benchmark tables hold none)."""
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
-    namespace: dict = {}
-    count = 0
-    for page in pages(nav):
-        if page.startswith(GENERATED):
-            continue  # notebooks (run by test_notebooks.py) and benchmark tables
-        path = ROOT / "docs" / page
-        for block in python_blocks(path):
-            exec(compile(block, str(path), "exec"), namespace)
-            count += 1
-    assert count >= 10
+    return [page for page in pages(nav)
+            if not page.startswith(GENERATED) and python_blocks(ROOT / "docs" / page)]  # fmt: skip
+
+
+def test_the_documentation_has_examples():
+    assert sum(len(python_blocks(ROOT / "docs" / page)) for page in documented_pages()) >= 10
+
+
+@pytest.mark.parametrize("page", documented_pages())
+def test_each_page_runs_standalone(page):
+    namespace: dict = {"__name__": f"docs_{pathlib.Path(page).stem}"}
+    path = ROOT / "docs" / page
+    for block in python_blocks(path):
+        exec(compile(block, str(path), "exec"), namespace)
