@@ -231,8 +231,11 @@ def test_an_insert_of_other_num_envs_names_use_in_brax_and_the_value():
     replay = jaxbuf.brax.BraxReplay(64, DUMMY, 8, num_envs=32, report=report)
     state = replay.init(jax.random.key(0))
     step = brax_steps(np.random.default_rng(0), 64, 1)[0]
-    with pytest.raises(ValueError, match=r"use_in_brax\(num_envs=32\): but sac.train inserts "
-                       r"64 environments per device \(1 device\(s\)\), num_envs=64 in all"):
+    with pytest.raises(
+        ValueError,
+        match=r"use_in_brax\(num_envs=32\): but sac.train inserts "
+        r"64 environments per device \(1 device\(s\)\), num_envs=64 in all",
+    ):
         replay.insert(state, step)
 
 
