@@ -127,7 +127,8 @@ class BufferReport:
         metrics in a `progress_fn`; empty before the first report."""
         if not self._latest:
             return {}
-        return {"buffer/mismatched": self.mismatched, "buffer/size": self.size}
+        mismatched, size = (sum(column) for column in zip(*self._latest.values(), strict=True))
+        return {"buffer/mismatched": mismatched, "buffer/size": size}
 
 
 class BraxReplay:

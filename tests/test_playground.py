@@ -31,13 +31,13 @@ def test_ci_installs_brax_and_playground_with_the_page_s_commands_as_printed():
                             "ignore::FutureWarning")  # fmt: skip
 def test_playground_s_sac_config_runs_with_jaxbuf_and_reports_what_it_saw():
     """CartpoleBalance, Playground's configuration less the keyword Brax 0.14.2 refuses,
-    `impl='jax'`, 10k steps after the 8,192-step prefill, 100-step episodes (auto-resets
+    `impl="jax"`, 10k steps (the 8,192-step prefill, then training), 100-step episodes (auto-resets
     inside the run): the run ends, its report counts every stored step and none mismatched."""
     pytest.importorskip("mujoco_playground")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import playground_sac
 
-    args = type("Args", (), {"env": "CartpoleBalance", "num_timesteps": 18_000,
+    args = type("Args", (), {"env": "CartpoleBalance", "num_timesteps": 10_000,
                              "num_evals": 2, "episode_length": 100})  # fmt: skip
     # Brax's and Playground's code rely on JAX's default promotions, which conftest.py makes strict
     with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
