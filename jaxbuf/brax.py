@@ -314,7 +314,8 @@ def _import_brax_replay_buffers() -> Any:
         return importlib.import_module("brax.training.replay_buffers")
     except ImportError:
         raise ImportError(
-            'use_in_brax needs Brax: pip install "jaxbuf[brax]" (Brax 0.14 runs on JAX <= 0.9).'
+            'use_in_brax needs Brax: in a checkout of jaxbuf, pip install -e ".[brax]" (the '
+            "extra bounds JAX below 0.10, which Brax 0.14 needs; see docs/coming_from_brax.md).
         ) from None
 
 

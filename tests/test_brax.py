@@ -259,7 +259,7 @@ def test_use_in_brax_without_brax_says_how_to_install_it(monkeypatch):
     for name in [m for m in sys.modules if m == "brax" or m.startswith("brax.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "brax", None)  # `import brax` raises, installed or not
-    with pytest.raises(ImportError, match=r'pip install "jaxbuf\[brax\]"'):  # noqa: SIM117
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[brax\]"'):  # noqa: SIM117
         with jaxbuf.brax.use_in_brax(num_envs=4):
             pass
 
