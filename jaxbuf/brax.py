@@ -315,7 +315,7 @@ def _import_brax_replay_buffers() -> Any:
     except ImportError:
         raise ImportError(
             'use_in_brax needs Brax: in a checkout of jaxbuf, pip install -e ".[brax]" (the '
-            "extra bounds JAX below 0.10, which Brax 0.14 needs; see docs/coming_from_brax.md).
+            "extra bounds JAX below 0.10, which Brax 0.14 needs; see docs/coming_from_brax.md)."
         ) from None
 
 
