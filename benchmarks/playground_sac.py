@@ -10,7 +10,8 @@ calls them. Two changes a user makes on Brax 0.14.2, each printed in the table:
   which needs an NVIDIA GPU.
 
 The jaxbuf variant wraps the call in `jaxbuf.brax.use_in_brax(num_envs=..., report=True)`
-and logs `report.metrics()` in `progress_fn`. Buffers take turns (A B B A per seed).
+and logs `report.metrics()` in `progress_fn` (`C` in `--order`: without the report, whose
+callback runs once per training step). Variants take turns (`--order`, per seed).
 Recorded per run: the evaluation rewards, environment steps per second of the training
 epochs after the first (compiled), the wall time, the buffer state's bytes (from the
 configuration: Brax's queue holds one float32 row of every field, `next_observation`
@@ -118,9 +119,12 @@ def run(buffer: str, seed: int, args) -> dict:
     # Brax's code relies on JAX's default promotions; it warns about its own deprecations
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if buffer == "jaxbuf":
-            with jaxbuf.brax.use_in_brax(num_envs=keywords["num_envs"], report=True) as report:
+        if buffer.startswith("jaxbuf"):
+            reporting = buffer == "jaxbuf"
+            with jaxbuf.brax.use_in_brax(num_envs=keywords["num_envs"],
+                                         report=reporting) as report:  # fmt: skip
                 train()
+            report = report if reporting else None
         else:
             train()
     wall = time.perf_counter() - start
@@ -155,7 +159,7 @@ def table(rows: list[dict], args, env: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        per = row["jaxbuf_row"] if row["buffer"] == "jaxbuf" else row["brax_row"]
+        per = row["jaxbuf_row"] if row["buffer"].startswith("jaxbuf") else row["brax_row"]
         lines.append(
             f"| {row['buffer']} | {row['seed']} | {row['final_reward']:.1f} | "
             f"{row['sps'] or float('nan'):,.0f} | {row['wall_s']:.0f} | {per} | "
@@ -171,14 +175,19 @@ def main() -> None:
     parser.add_argument("--num-evals", type=int, default=4)
     parser.add_argument("--episode-length", type=int, default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--order", default="ABBA", help="A: brax queue, B: jaxbuf")
+    parser.add_argument(
+        "--order",
+        default="ABBA",
+        help="A: brax queue, B: jaxbuf (report=True), C: jaxbuf (no report)",
+    )
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
     parser.add_argument("--name", default="playground_sac")
     args = parser.parse_args()
     rows = []
     for seed in args.seeds:
         for letter in args.order:
-            rows.append(run("brax queue" if letter == "A" else "jaxbuf", seed, args))
+            buffer = {"A": "brax queue", "B": "jaxbuf", "C": "jaxbuf, no report"}[letter]
+            rows.append(run(buffer, seed, args))
     env = common.environment()
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
