@@ -164,7 +164,12 @@ class BraxReplay:
         self.num_envs = num_envs // devices
         self.spec, self.template = _item_spec(dummy_data_sample)
         self.narrow = _precision.check_storage_dtypes(storage_dtypes)
-        _precision.check_example(self.spec, self.narrow)
+        try:
+            _precision.check_example(self.spec, self.narrow)
+        except (TypeError, ValueError) as error:  # built by use_in_brax: say where to change
+            if report is None:
+                raise
+            raise type(error)(f"use_in_brax(storage_dtypes={self.narrow}): {error}") from None
         self.stored_spec = _precision.spec(self.spec, self.narrow)
         size = _validation.check_int("max_replay_size", max_replay_size)
         self.capacity_per_env = math.ceil(size / self.num_envs)

@@ -239,6 +239,18 @@ def test_an_insert_of_other_num_envs_names_use_in_brax_and_the_value():
         replay.insert(state, step)
 
 
+def test_a_storage_dtype_brax_s_leaf_cannot_take_names_use_in_brax():
+    """Known only when `sac.train` builds the buffer: an integer leaf named."""
+    counted = DUMMY._replace(action=jnp.zeros(2, jnp.int32))
+    with pytest.raises(
+        TypeError,
+        match=r"use_in_brax\(storage_dtypes=\{'action': 'bfloat16'\}\)"
+        r": storage_dtypes\['action'\]: .* is int32; only float32 leaves",
+    ):
+        jaxbuf.brax.BraxReplay(64, counted, 8, num_envs=2, storage_dtypes={"action": "bfloat16"},
+                               report=jaxbuf.brax.BufferReport(enabled=False))  # fmt: skip
+
+
 def test_the_report_counts_what_samples_send():
     """Through the compiled sample (a debug callback): a mismatched step, the size."""
     report = jaxbuf.brax.BufferReport(enabled=True)
