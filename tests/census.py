@@ -184,11 +184,27 @@ def _sampled_calls(name: str, buffer: Any, example: Any, time_axis: int, shape: 
         yield f"{name}.set_priorities", buffer.set_priorities, (state, indices, priorities)
 
 
-def operations(shape: Shape = BASE) -> Iterator[tuple[str, Callable, tuple]]:
-    """(name, function, abstract arguments) of every operation in the census."""
-    for sampler_name, sampler in _samplers():
-        for kind, buffer, example, time_axis in _kinds(sampler, shape):
-            yield from _sampled_calls(f"{kind}/{sampler_name}", buffer, example, time_axis, shape)
+# The census's operations in two groups of about the same lowering time: every kind
+# with every sampler, and the options and tools (`operations(shape, group)`).
+GROUPS = ("kinds", "tools")
+
+
+def operations(shape: Shape = BASE, group: str | None = None
+               ) -> Iterator[tuple[str, Callable, tuple]]:  # fmt: skip
+    """(name, function, abstract arguments) of every operation in the census, or of
+    one of its `GROUPS`."""
+    if group in (None, "kinds"):
+        for sampler_name, sampler in _samplers():
+            for kind, buffer, example, time_axis in _kinds(sampler, shape):
+                yield from _sampled_calls(f"{kind}/{sampler_name}", buffer, example,
+                                          time_axis, shape)  # fmt: skip
+    if group in (None, "tools"):
+        yield from _tools(shape)
+
+
+def _tools(shape: Shape) -> Iterator[tuple[str, Callable, tuple]]:
+    """The options (n-step, frames, goals), `vectorize`, the rollout buffer and the
+    queue, a Python loop's blocks, and the rate limiter (base) or Brax's buffer."""
     for name, buffer, example in _options(shape):
         yield from _sampled_calls(name, buffer, example, 1, shape)
     yield from _vectorized(shape)
@@ -285,10 +301,10 @@ def _rollout_and_queue(shape: Shape):
     yield "queue.pop", queue.pop, (state,)
 
 
-def table(shape: Shape = BASE) -> dict[str, dict[str, dict[str, int]]]:
-    """{operation: {platform: counts}} of every operation."""
+def table(shape: Shape = BASE, group: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """{operation: {platform: counts}} of every operation (of one of the `GROUPS`)."""
     return {name: {p: counts(text) for p, text in lowered_for_each(fn, args).items()}
-            for name, fn, args in operations(shape)}  # fmt: skip
+            for name, fn, args in operations(shape, group)}  # fmt: skip
 
 
 def capacity_dims(text: str) -> set[int]:
@@ -340,14 +356,15 @@ GROWS = {"epochs.next_batch": "a pass's order is a sort of every slot, computed 
          "the host)"}  # fmt: skip
 
 
-def scale(shape: Shape) -> dict[str, Any]:
-    """The census at one shape: `operations` lowered, those that loop or branch
-    (`BRANCH_FREE` operations with a `while` or a `case`/`if`, by platform), and the
-    draws with work sized like the storage (found by lowering them again at half the
-    capacity: the state's dimensions that change are the capacity's)."""
-    halved = {name: (fn, args) for name, fn, args in operations(shape.halved())}
+def scale(shape: Shape, group: str | None = None) -> dict[str, Any]:
+    """The census at one shape (of one of the `GROUPS`, or all): `operations` lowered,
+    those that loop or branch (`BRANCH_FREE` operations with a `while` or a
+    `case`/`if`, by platform), and the draws with work sized like the storage (found by
+    lowering them again at half the capacity: the state's dimensions that change are
+    the capacity's)."""
+    halved = {name: (fn, args) for name, fn, args in operations(shape.halved(), group)}
     loops, growing, count = [], {}, 0
-    for name, fn, args in operations(shape):
+    for name, fn, args in operations(shape, group):
         texts = lowered_for_each(fn, args)
         count += 1
         for platform, text in texts.items():
@@ -371,26 +388,35 @@ def allowed_growth(name: str) -> bool:
 
 
 SCALE_HEAD = (
-    "| environments | steps each | batch | operations (each for cuda and tpu) | hot ones that "
-    "loop or branch | draws sized like the storage | host-placed operations | host arrays "
-    "moved whole or gathered in device code |\n|---|---|---|---|---|---|---|---|\n"
+    "| environments | steps each | batch | group | operations (each for cuda and tpu) | "
+    "hot ones that loop or branch | draws sized like the storage |\n|---|---|---|---|---|---|---|\n"
+)
+HOST_SCALE_HEAD = (
+    "| environments | steps each | batch | host-placed operations | host arrays moved whole "
+    "or gathered in device code |\n|---|---|---|---|---|\n"
 )
 
 
-def scale_row(shape: Shape, found: dict[str, Any], host: dict[str, dict[str, dict]]) -> str:
-    """One row of the page's scale table: `found` from `scale(shape)`, `host` the host
-    census's table at that shape (`census_host.table(shape)`)."""
+def _shape_cells(shape: Shape) -> str:
+    return f"| {shape.envs:,} | {shape.steps:,} | {shape.batch:,} |"
+
+
+def scale_row(shape: Shape, group: str, found: dict[str, Any]) -> str:
+    """One row of the page's scale table: `found` from `scale(shape, group)`."""
     grown = found["growing"]
     allowed = sorted({name.split(".")[-1].split(" on ")[0] for name in grown
                       if allowed_growth(name)})  # fmt: skip
     others = len(grown) - sum(map(allowed_growth, grown))
     draws = f"{others}" + (f" (and epochs' {', '.join(allowed)}: allowed)" if allowed else "")
+    return (f"{_shape_cells(shape)} {group} | {found['operations']} | {len(found['loops'])} | "
+            f"{draws} |")  # fmt: skip
+
+
+def host_scale_row(shape: Shape, host: dict[str, dict[str, dict]]) -> str:
+    """One row of the page's host table at scale: `host` from `census_host.table(shape)`."""
     moved = sum(c["whole transfers"] + c["device gathers/scatters"]
                 for per_platform in host.values() for c in per_platform.values())  # fmt: skip
-    return (
-        f"| {shape.envs:,} | {shape.steps:,} | {shape.batch:,} | {found['operations']} | "
-        f"{len(found['loops'])} | {draws} | {len(host)} | {moved} |"
-    )
+    return f"{_shape_cells(shape)} {len(host)} | {moved} |"
 
 
 def markdown(rows: dict[str, dict[str, dict[str, int]]], columns: tuple = COUNTED) -> str:
@@ -421,7 +447,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--scale"]:  # the page's scale table
         import census_host
 
-        rows = [scale_row(s, scale(s), census_host.table(s)) for s in SCALE]
-        sys.stdout.write(SCALE_HEAD + "\n".join(rows) + "\n")
+        rows = [scale_row(s, g, scale(s, g)) for s in SCALE for g in GROUPS]
+        sys.stdout.write(SCALE_HEAD + "\n".join(rows) + "\n\n")
+        rows = [host_scale_row(s, census_host.table(s)) for s in SCALE]
+        sys.stdout.write(HOST_SCALE_HEAD + "\n".join(rows) + "\n")
     else:
         sys.stdout.write(markdown(table()))

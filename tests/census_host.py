@@ -137,7 +137,7 @@ def table(shape: Shape = BASE) -> dict[str, dict[str, dict[str, int]]]:
     rows = {}
     for name, fn, args in operations(shape):
         rows[name] = {}
-        for platform in PLATFORMS:
+        for platform in PLATFORMS:  # exported: a trace's lowering sees other memory kinds
             text = lowered(fn, args, platform)
             found = counts(text)
             rows[name][platform] = {**host_counts(text), "while": found["while"],

@@ -92,3 +92,11 @@ def env_time(batch, capacity):
     """The (env, time) of each item of a per-environment sample, from its indices."""
     indices = np.asarray(batch.indices)
     return indices // capacity, indices % capacity
+
+
+def add_size(rng: np.random.Generator, most: int) -> int:
+    """A random add size out of those that tell the cases apart: 1, 2, one that does not
+    divide a ring of `most`, `most - 1` and `most`. Each size is one compiled program
+    (a new shape traces and compiles anew, about 0.3 s), and random sizes drawn from
+    these few still end the adds at ever other places of the ring."""
+    return int(rng.choice(sorted({1, 2, max(1, most // 2 - 1), max(1, most - 1), most})))

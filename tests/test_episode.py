@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import rejects_and_keeps_state
+from reference import add_size, rejects_and_keeps_state
 from scipy import stats
 
 import jaxbuf
@@ -76,7 +76,7 @@ def test_episodes_are_complete_stored_and_padded_at_every_wrap(
     history = Episodes(num_envs, capacity, records)
     saw_cut = False
     for call in range(40):
-        state = add(state, history.make(int(rng.integers(1, capacity + 1)), done_probability, rng))
+        state = add(state, history.make(add_size(rng, capacity), done_probability, rng))
         complete = [history.complete(env) for env in range(num_envs)]
         np.testing.assert_array_equal(state.side.size, [len(c) for c in complete])
         assert bool(buffer.can_sample(state)) == any(complete)

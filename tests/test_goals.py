@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import env_time
+from reference import add_size, env_time
 
 import jaxbuf
 from jaxbuf import _goals
@@ -96,7 +96,7 @@ def test_transition_goals_come_from_the_same_episode_as_the_reference(
     envs, history = GoalEnvironments(rng, 0.3), [[] for _ in range(NUM_ENVS)]
     k = -(-CAPACITY // min_episode_length)
     for call in range(20):
-        rows, steps = envs.steps(int(rng.integers(1, CAPACITY + 1)))
+        rows, steps = envs.steps(add_size(rng, CAPACITY))
         state = add(state, steps)
         for env, row in enumerate(rows):
             history[env].extend(row)
@@ -334,10 +334,14 @@ def test_wide_search_reaches_past_the_last_end_of_every_ring_size():
     every K from 1 to 40, at and around powers of two, and between them (a search narrower
     than K stops short of it), and each rank in between is found too."""
     around = [n + d for n in (64, 128, 256, 1024, 1 << 15) for d in (-1, 0, 1)]
+    # one compiled program per K (run op by op, each K compiled every operation anew)
+    search = jax.jit(lambda ends, size, at, k: _goals._wide_search(lambda rank: ends[rank],
+                                                                   size, at, k),
+                     static_argnums=3)  # fmt: skip
     for k in [*range(1, 41), *around, 100, 300, 1000, 5000, 1 << 16, 100_000]:
         ends = jnp.arange(k, dtype=jnp.int32) * 2  # end of rank r at 2r
         at = jnp.asarray([2 * k + 5, 2 * k - 2, 2 * k - 3, 0, -1, 2 * (k // 2) + 1], jnp.int32)
         size = jnp.full(at.shape, k, jnp.int32)
         expected = np.minimum(np.maximum((np.asarray(at) + 1) // 2, 0), k)
-        wide = _goals._wide_search(lambda rank, e=ends: e[rank], size, at, k)
+        wide = search(ends, size, at, k)
         np.testing.assert_array_equal(wide, expected, err_msg=f"K={k}")

@@ -12,7 +12,7 @@ import pytest
 from flax import struct
 
 import jaxbuf
-from jaxbuf import _host_memory
+from jaxbuf import _host_memory, _storage
 
 pytestmark = pytest.mark.skipif(
     getattr(getattr(jax, "memory", None), "Space", None) is None,
@@ -41,13 +41,18 @@ def assert_same(a, b) -> None:
     "sampler", [jaxbuf.uniform(), jaxbuf.prioritized()], ids=["uniform", "prioritized"]
 )
 @pytest.mark.parametrize(
-    ("capacity", "batch", "most"), [(37, 8, 11), (151, 48, 90)], ids=["rows", "blocks"]
+    ("capacity", "batch", "sizes"),
+    [(37, 8, (1, 4, 11)), (151, 48, (1, 23, _storage.FEW_ROWS, _storage.FEW_ROWS + 1, 90))],
+    ids=["rows", "blocks"],
 )
 def test_host_placement_equals_device_placement_over_wrap_arounds(
-    sampler, capacity, batch, most, platform_path
+    sampler, capacity, batch, sizes, platform_path
 ):
     """Few rows: row slices both ways. Many: host-gathered reads, adds of up to 90 rows
-    (two windows on accelerators and, past 64 rows, on CPU)."""
+    (two windows on accelerators and, past `FEW_ROWS` rows, on CPU). The adds take their
+    sizes from `sizes` (both sides of each switch) in a random order, so that each size
+    compiles once while the ring wraps at ever other places (the sizes sum to random
+    positions of a ring whose length they do not divide)."""
     hosted = jaxbuf.make_replay_buffer(capacity, batch, sampler=sampler, host_memory=("obs",))
     plain = jaxbuf.make_replay_buffer(capacity, batch, sampler=sampler)
     host_state, device_state = hosted.init(EXAMPLE), plain.init(EXAMPLE)
@@ -57,7 +62,7 @@ def test_host_placement_equals_device_placement_over_wrap_arounds(
     samples = [jax.jit(b.sample) for b in (hosted, plain)]
     rng = np.random.default_rng(0)
     for i in range(40):  # 6 to 12 wrap-arounds
-        items = random_items(rng, int(rng.integers(1, most + 1)))
+        items = random_items(rng, int(rng.choice(sizes)))
         host_state, device_state = adds[0](host_state, items), adds[1](device_state, items)
         key = jax.random.key(i)
         from_host, from_device = samples[0](host_state, key), samples[1](device_state, key)
@@ -101,6 +106,9 @@ def random_steps(rng, num_envs: int, length: int) -> dict:
             "truncated": rng.random((num_envs, length)) < 0.1}  # fmt: skip
 
 
+LENGTHS = (2, 3, 8)  # steps per multi-step add: each compiles once, rings of 11 to 23 steps
+
+
 def run_side_by_side(make, example: dict, steps_of, rounds: int = 30, time_axis: int = 1) -> None:
     """Donated adds (several steps, then one step, in turn) and samples of a host-placed
     buffer and a device-placed one, compared bit for bit after every call."""
@@ -111,7 +119,7 @@ def run_side_by_side(make, example: dict, steps_of, rounds: int = 30, time_axis:
               jax.jit(b.sample)) for b in (hosted, plain)]  # fmt: skip
     rng = np.random.default_rng(1)
     for i in range(rounds):
-        length = 1 if i % 2 else int(rng.integers(2, 9))
+        length = 1 if i % 2 else int(rng.choice(LENGTHS))
         steps = steps_of(rng, length)
         one = jax.tree.map(lambda x: np.take(x, 0, axis=time_axis), steps)
         which, data = (1, one) if length == 1 else (0, steps)

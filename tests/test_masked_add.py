@@ -83,34 +83,43 @@ def sample_fn(buffer):
     return buffer.sample
 
 
+KINDS = ["replay", "trajectory", "transition", "episode", "transition frames",
+         "transition goals", "episode goals", "vectorize(replay)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
     "sampler, path",
     [("uniform", "cpu path"), ("uniform", "accelerator path"),
      ("prioritized", "accelerator path"), ("epochs", "accelerator path")],
 )  # fmt: skip
-def test_a_masked_add_is_a_skipped_add(sampler, path, monkeypatch):
+def test_a_masked_add_is_a_skipped_add(sampler, path, kind, monkeypatch):
     """The accelerator path (the masked write) with every sampler; the CPU's `lax.cond`
-    needs less: it either adds or returns the state."""
+    needs less: it either adds or returns the state. (One test per kind; it was one
+    test per sampler and path over every kind.)"""
     if path == "accelerator path":
         monkeypatch.setattr(jax.lax, "platform_dependent", lambda *a, default, **_: default(*a))
     make = {"uniform": jaxbuf.uniform, "prioritized": jaxbuf.prioritized,
             "epochs": jaxbuf.epochs}[sampler]  # fmt: skip
-    for name, buffer, example, per_env in buffers(make()):
-        rng = np.random.default_rng(len(name))
-        masked = jax.jit(lambda s, d, w, b=buffer: b.add(s, d, where=w), donate_argnums=0)
-        plain = jax.jit(buffer.add)
-        sample = jax.jit(sample_fn(buffer))
-        one, other = buffer.init(example), buffer.init(example)
-        for step in range(14):  # 3 steps a time through a ring of 7: six wraps
-            lead = (2, 3) if per_env else (3,)
-            data = random_data(rng, example, lead)
-            allowed = bool(rng.random() < 0.6)
-            one = masked(one, data, jnp.bool_(allowed))
-            if allowed:
-                other = plain(other, data)
-            assert_same(one, other, f"{name} after step {step}")
-            key = jax.random.key(step)
-            assert_same(sample(one, key), sample(other, key), f"{name} sample {step}")
+    made = {name: rest for name, *rest in buffers(make())}
+    assert list(made) == KINDS
+    buffer, example, per_env = made[kind]
+    name = kind
+    rng = np.random.default_rng(len(name))
+    masked = jax.jit(lambda s, d, w, b=buffer: b.add(s, d, where=w), donate_argnums=0)
+    plain = jax.jit(buffer.add)
+    sample = jax.jit(sample_fn(buffer))
+    one, other = buffer.init(example), buffer.init(example)
+    for step in range(14):  # 3 steps a time through a ring of 7: six wraps
+        lead = (2, 3) if per_env else (3,)
+        data = random_data(rng, example, lead)
+        allowed = bool(rng.random() < 0.6)
+        one = masked(one, data, jnp.bool_(allowed))
+        if allowed:
+            other = plain(other, data)
+        assert_same(one, other, f"{name} after step {step}")
+        key = jax.random.key(step)
+        assert_same(sample(one, key), sample(other, key), f"{name} sample {step}")
 
 
 def test_add_step_takes_where_and_an_untraced_gate_works():

@@ -31,7 +31,10 @@ def test_version_changelog_and_docs_agree():
     assert (ROOT / "docs" / "changelog.md").read_text().strip() == '--8<-- "CHANGELOG.md"'
 
 
-def test_build_twine_check_and_a_fresh_install_run_the_quickstart(tmp_path):
+def test_build_and_twine_check(tmp_path):
+    """`python -m build` makes the sdist and the wheel (from the sdist), named for the
+    version, and `twine check --strict` passes both. (With the next test, this was one
+    test: build, check, install.)"""
     dist = tmp_path / "dist"
     run(sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(ROOT), cwd=tmp_path)
     version = jaxbuf.__version__
@@ -40,9 +43,21 @@ def test_build_twine_check_and_a_fresh_install_run_the_quickstart(tmp_path):
     checked = run(sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir()),
                   cwd=tmp_path)  # fmt: skip
     assert checked.count("PASSED") == 2, checked
+
+
+def test_a_fresh_install_of_the_wheel_runs_the_quickstart(tmp_path):
+    """The wheel, built alone, installed with its dependencies into a fresh virtual
+    environment (as a stranger's `pip install` would, less the byte compilation, which
+    Python does at the first import) runs the README's quickstart from the wheel."""
+    dist = tmp_path / "dist"
+    run(sys.executable, "-m", "build", "-q", "--wheel", "--outdir", str(dist), str(ROOT),
+        cwd=tmp_path)  # fmt: skip
+    version = jaxbuf.__version__
+    wheel = dist / f"jaxbuf-{version}-py3-none-any.whl"
+    assert wheel.exists(), list(dist.iterdir())
     venv.create(tmp_path / "env", with_pip=True)
     python = tmp_path / "env" / "bin" / "python"
-    run(str(python), "-m", "pip", "install", "-q", str(dist / built[0]), cwd=tmp_path)
+    run(str(python), "-m", "pip", "install", "-q", "--no-compile", str(wheel), cwd=tmp_path)
     quickstart = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)[0]
     (tmp_path / "quickstart.py").write_text(quickstart + "\nprint(jaxbuf.__file__)\n")
     where = run(str(python), "quickstart.py", cwd=tmp_path)  # not the checkout: the wheel

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import RingBuffer
+from reference import RingBuffer, add_size
 from scipy import stats
 
 import jaxbuf
@@ -40,7 +40,7 @@ def assert_matches(state: jaxbuf.RingState, ref: RingBuffer) -> None:
 def test_add_matches_reference_ring(capacity, batches, variant):
     rng = np.random.default_rng(capacity)
     if batches == "random":
-        batches = rng.integers(1, capacity + 1, size=40).tolist()
+        batches = [add_size(rng, capacity) for _ in range(40)]
     buffer = jaxbuf.make_replay_buffer(capacity, 4)
     add = variant(buffer.add)
     state, ref = buffer.init(EXAMPLE), RingBuffer(capacity, EXAMPLE)

@@ -140,8 +140,10 @@ def test_truncation_bootstraps_from_the_final_observation():
 def test_scan_and_associative_agree_on_long_horizons():
     r, v, nv, term, trunc = rollout(5, shape=(4096, 8), p_end=0.002)
     kw = dict(discount=0.999, gae_lambda=0.98)
-    scan = jaxbuf.gae(r, v, nv, term, trunc, method="scan", **kw)
-    associative = jaxbuf.gae(r, v, nv, term, trunc, method="associative", **kw)
+    # jitted: each a program compiled once (op by op, every level's shapes compile anew)
+    gae = jax.jit(jaxbuf.gae, static_argnames=("method", "discount", "gae_lambda"))
+    scan = gae(r, v, nv, term, trunc, method="scan", **kw)
+    associative = gae(r, v, nv, term, trunc, method="associative", **kw)
     for a, b in zip(scan, associative, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import add_size
 from scipy import stats
 
 import jaxbuf
@@ -65,7 +66,7 @@ def test_sequences_are_consecutive_stored_steps_at_every_wrap(period, length):
     rng = np.random.default_rng(period * 100 + length)
     total = 0
     for call in range(40):
-        steps = make_steps(num_envs, int(rng.integers(1, capacity + 1)), total, rng)
+        steps = make_steps(num_envs, add_size(rng, capacity), total, rng)
         total += steps["t"].shape[1]
         state = add(state, steps)
         history.add(steps)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import env_time, rejects_and_keeps_state
+from reference import add_size, env_time, rejects_and_keeps_state
 
 import jaxbuf
 
@@ -107,7 +107,7 @@ def test_samples_match_naive_full_transitions(
     reference = Reference(num_envs, capacity, n_step, discount, -(-capacity // min_episode_length))
     saw_stale = False
     for call in range(40):
-        rows, steps = envs.steps(int(rng.integers(1, capacity + 1)))
+        rows, steps = envs.steps(add_size(rng, capacity))
         state = add(state, steps)
         for env, row in enumerate(rows):
             reference.history[env].extend(row)
