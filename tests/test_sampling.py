@@ -53,6 +53,17 @@ def test_draws_depend_only_on_the_key_and_work_with_raw_keys():
     assert not np.array_equal(typed, other)
 
 
+def floyd_reference(draws, tops) -> np.ndarray:
+    """Floyd's steps in plain Python: step `j` takes `draws[j]` unless an earlier step
+    took it, else `tops[j]`."""
+    chosen: list[int] = []
+    taken: set[int] = set()
+    for draw, top in zip(np.asarray(draws).tolist(), np.asarray(tops).tolist(), strict=True):
+        chosen.append(top if draw in taken else draw)
+        taken.add(chosen[-1])
+    return np.asarray(chosen, np.int32)
+
+
 def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
     """Sampling without replacement on accelerators (no loop over the batch) against the CPU's
     step-by-step Floyd: the same picks, with populations from the batch size (every step may
@@ -67,6 +78,7 @@ def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
                 tops = population - count + np.arange(count, dtype=np.int32)
                 draws = jnp.asarray(rng.integers(0, tops + 1), jnp.int32)
                 expected = loop(draws, jnp.asarray(tops))
+                np.testing.assert_array_equal(expected, floyd_reference(draws, tops))
                 got = doubling(jnp.int32(population), draws, jnp.asarray(tops))
                 np.testing.assert_array_equal(got, expected)
                 assert len(np.unique(np.asarray(got))) == count  # distinct
@@ -86,15 +98,16 @@ def longest_chain(count: int, population: int) -> np.ndarray:
 
 def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
     """Every batch size from 1 to 20 and around powers of two to 2048, with the longest chains
-    (which need every round of doubling) and, for small batches, every possible draw."""
-    loop = jax.jit(_sampling._floyd_in_loop)
+    (which need every round of doubling) and, for small batches, every possible draw.
+    Against Floyd's steps in Python (the previous test holds the CPU's loop to them too):
+    one compiled program per batch size, not two."""
     doubling = jax.jit(_sampling._floyd_by_doubling)
     around = [n + d for n in (32, 64, 128, 256, 1024) for d in (-1, 0, 1)]
     for count in [*range(1, 21), *around, 2048]:
         for population in (count, count + 3):
             tops = jnp.asarray(population - count + np.arange(count, dtype=np.int32))
             draws = jnp.asarray(longest_chain(count, population))
-            expected = loop(draws, tops)
+            expected = floyd_reference(draws, tops)
             np.testing.assert_array_equal(doubling(jnp.int32(population), draws, tops), expected)
             assert np.sum(np.asarray(expected) != np.asarray(draws)) == max(count - 1, 0)
     all_loop = jax.jit(jax.vmap(_sampling._floyd_in_loop, in_axes=(0, None)))
