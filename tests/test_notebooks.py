@@ -9,7 +9,10 @@ import pytest
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # The notebooks that train run shorter here: after the cell tagged "parameters" comes
 # one with these values, as papermill injects them. Every cell still runs.
-SMALL = {"dqn_per": "total_timesteps = 12_000", "ppo_gae": "total_timesteps = 10_240"}
+SMALL = {
+    "dqn_per": "total_timesteps, seeds = 12_000, (0,)",
+    "ppo_gae": "total_timesteps, seeds = 10_240, (0,)",
+}
 
 
 def with_small_parameters(book, name: str):

@@ -7,6 +7,7 @@ names and the documentation all agree.
 
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -20,6 +21,15 @@ def run(*command, cwd, timeout=900):
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, (command, result.stdout[-3000:], result.stderr[-3000:])
     return result.stdout
+
+
+def source(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of the checkout's sources to build from: a build writes `build/` and
+    `jaxbuf.egg-info` beside its sources, and the two build tests (and CI's editable
+    installs) run at the same time."""
+    ignored = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info",
+                                     "__pycache__", ".*_cache", "logs")  # fmt: skip
+    return pathlib.Path(shutil.copytree(ROOT, tmp_path / "source", ignore=ignored))
 
 
 def test_version_changelog_and_docs_agree():
@@ -36,7 +46,8 @@ def test_build_and_twine_check(tmp_path):
     version, and `twine check --strict` passes both. (With the next test, this was one
     test: build, check, install.)"""
     dist = tmp_path / "dist"
-    run(sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(ROOT), cwd=tmp_path)
+    run(sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(source(tmp_path)),
+        cwd=tmp_path)  # fmt: skip
     version = jaxbuf.__version__
     built = sorted(p.name for p in dist.iterdir())
     assert built == [f"jaxbuf-{version}-py3-none-any.whl", f"jaxbuf-{version}.tar.gz"], built
@@ -50,8 +61,8 @@ def test_a_fresh_install_of_the_wheel_runs_the_quickstart(tmp_path):
     environment (as a stranger's `pip install` would, less the byte compilation, which
     Python does at the first import) runs the README's quickstart from the wheel."""
     dist = tmp_path / "dist"
-    run(sys.executable, "-m", "build", "-q", "--wheel", "--outdir", str(dist), str(ROOT),
-        cwd=tmp_path)  # fmt: skip
+    run(sys.executable, "-m", "build", "-q", "--wheel", "--outdir", str(dist),
+        str(source(tmp_path)), cwd=tmp_path)  # fmt: skip
     version = jaxbuf.__version__
     wheel = dist / f"jaxbuf-{version}-py3-none-any.whl"
     assert wheel.exists(), list(dist.iterdir())
