@@ -104,8 +104,7 @@ def test_a_masked_add_is_a_skipped_add(sampler, path, kind, monkeypatch):
     made = {name: rest for name, *rest in buffers(make())}
     assert list(made) == KINDS
     buffer, example, per_env = made[kind]
-    name = kind
-    rng = np.random.default_rng(len(name))
+    rng = np.random.default_rng(len(kind))
     masked = jax.jit(lambda s, d, w, b=buffer: b.add(s, d, where=w), donate_argnums=0)
     plain = jax.jit(buffer.add)
     sample = jax.jit(sample_fn(buffer))
@@ -117,9 +116,9 @@ def test_a_masked_add_is_a_skipped_add(sampler, path, kind, monkeypatch):
         one = masked(one, data, jnp.bool_(allowed))
         if allowed:
             other = plain(other, data)
-        assert_same(one, other, f"{name} after step {step}")
+        assert_same(one, other, f"{kind} after step {step}")
         key = jax.random.key(step)
-        assert_same(sample(one, key), sample(other, key), f"{name} sample {step}")
+        assert_same(sample(one, key), sample(other, key), f"{kind} sample {step}")
 
 
 def test_add_step_takes_where_and_an_untraced_gate_works():
