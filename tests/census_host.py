@@ -24,7 +24,7 @@ from typing import Any
 import census
 import jax
 import jax.numpy as jnp
-from census import PLATFORMS, Shape, counts, lowered
+from census import Shape, counts
 
 import jaxbuf
 
@@ -137,8 +137,8 @@ def table(shape: Shape = BASE) -> dict[str, dict[str, dict[str, int]]]:
     rows = {}
     for name, fn, args in operations(shape):
         rows[name] = {}
-        for platform in PLATFORMS:  # exported: a trace's lowering sees other memory kinds
-            text = lowered(fn, args, platform)
+        # exported (a trace's lowering sees other memory kinds), once for both platforms
+        for platform, text in census.exported_for_each(fn, args).items():
             found = counts(text)
             rows[name][platform] = {**host_counts(text), "while": found["while"],
                                     "case/if": found["case/if"]}  # fmt: skip

@@ -1,7 +1,15 @@
 """Strict JAX settings for every test: no silent rank or dtype promotion.
 
-Warnings are errors too (`filterwarnings = error` in pyproject.toml).
+Warnings are errors too (`filterwarnings = error` in pyproject.toml). XLA compiles with
+the flags of `compile_flags.py`: the same results, compiled in about half the time.
 """
+
+import os
+
+import compile_flags
+
+# before JAX starts its CPU backend, which reads XLA_FLAGS once (compile_flags.py)
+os.environ["XLA_FLAGS"] = compile_flags.fast_compile(os.environ.get("XLA_FLAGS", ""))
 
 import jax
 import pytest

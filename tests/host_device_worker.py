@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+# after the caller's flags (conftest.py's compile flags), so that this count wins
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"  # noqa: E501  # fmt: skip
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax

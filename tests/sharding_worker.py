@@ -18,7 +18,9 @@ COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "
 def _setup(devices: int) -> None:
     import os
 
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # after the caller's flags (conftest.py's compile flags), so that this count wins
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}"
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 

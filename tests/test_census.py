@@ -158,13 +158,23 @@ def test_the_capacity_check_finds_work_sized_like_the_storage():
     assert flagged(lambda x, i: jnp.argsort(x[:, 0])[i], 1 << 16)
 
 
-def test_lowering_once_per_platform_counts_as_export_does():
+def test_lowering_once_for_both_platforms_counts_as_export_does_for_each():
+    """`lowered_for_each` lowers once for cuda and tpu and splits the module: where JAX
+    lowers a primitive differently per platform (threefry's bits) the module has cases
+    on the platform's index; each platform's text keeps its own branch and counts as
+    that platform's own export."""
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
 
-    def fn(x):
-        return jax.lax.platform_dependent(x, cpu=jnp.sin, default=lambda x: jnp.sort(x)[::-1])
+    def fn(x, key):
+        noise = jax.random.uniform(key, (8,))
+        return jax.lax.platform_dependent(x + noise, cpu=jnp.sin,
+                                          default=lambda x: jnp.sort(x)[::-1])  # fmt: skip
 
-    texts = census.lowered_for_each(fn, (x,))
-    assert {p: counts(t) for p, t in texts.items()} == {p: counts(lowered(fn, (x,), p))
-                                                        for p in PLATFORMS}  # fmt: skip
-    assert counts(texts["cuda"])["sort"] == 1
+    args = (x, jax.random.key(0))
+    both = jax.jit(fn).trace(*args).lower(lowering_platforms=PLATFORMS).as_text()
+    assert '"stablehlo.case"(%arg0)' in both  # a case on the platform's index
+    for texts in (census.lowered_for_each(fn, args), census.exported_for_each(fn, args)):
+        assert {p: counts(t) for p, t in texts.items()} == {p: counts(lowered(fn, args, p))
+                                                            for p in PLATFORMS}  # fmt: skip
+        assert counts(texts["cuda"])["sort"] == 1
+        assert texts["cuda"] != texts["tpu"] and "platform.case" in texts["tpu"]
