@@ -83,11 +83,12 @@ def test_episodes_are_complete_stored_and_padded_at_every_wrap(
         if not any(complete):
             continue
         got = jax.device_get(sample(state, jax.random.key(call)))
+        first_steps = np.asarray(state.side.first_step)  # read in Python: one transfer
         assert got.valid.all()
         seen = set()
         for i in range(batch):
             env, slot = divmod(int(got.indices[i]), records)
-            first = int(state.side.first_step[env, slot])
+            first = int(first_steps[env, slot])
             length = int(got.length[i])
             assert (first, length) in complete[env], (call, env, first, length)
             seen.add((env, first))
