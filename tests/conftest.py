@@ -1,22 +1,29 @@
 """Strict JAX settings for every test: no silent rank or dtype promotion.
 
 Warnings are errors too (`filterwarnings = error` in pyproject.toml). XLA compiles with
-the flags of `compile_flags.py`: the same results, compiled in about half the time.
+the flags of `compile_flags.py` (the same results, compiled in about half the time), and
+each program once per run (JAX's compilation cache in a folder of the run's own).
 """
 
 import os
+import shutil
 
 import compile_flags
-
-# before JAX starts its CPU backend, which reads XLA_FLAGS once (compile_flags.py)
-os.environ["XLA_FLAGS"] = compile_flags.fast_compile(os.environ.get("XLA_FLAGS", ""))
-
 import jax
 import pytest
 from skips import skip_holds
 
+# before JAX starts its CPU backend (at the first array), which reads XLA_FLAGS once
+os.environ["XLA_FLAGS"] = compile_flags.fast_compile(os.environ.get("XLA_FLAGS", ""))
+_OWN_CACHE = compile_flags.compilation_cache()
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+# as the environment says (read again: JAX may have been imported before this file)
+jax.config.update("jax_compilation_cache_dir", os.environ[compile_flags.CACHE])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))  # fmt: skip
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))  # fmt: skip
 
 
 @pytest.fixture(params=["jit", "eager"])
@@ -52,6 +59,12 @@ def pytest_runtest_logreport(report):
         reason = report.longrepr[2]
         if not skip_holds(reason):
             _UNFOUNDED.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_unconfigure(config):
+    """Removes the run's compilation cache where this process made it (the controller)."""
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
