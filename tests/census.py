@@ -1,6 +1,7 @@
 """The lowering census: every public operation of every kind, sampler and option, lowered
-for an accelerator with `jax.export` on this CPU host, and the control flow and memory
-operations counted in its module text.
+for the accelerators on this CPU host (once for cuda and tpu, the module then split by
+platform: `split_platforms`), and the control flow and memory operations counted in each
+platform's module text.
 
 On a GPU a `while` iteration is a kernel launch driven from the host and a `case`/`if`
 sends its predicate to the host; each gather or scatter is a kernel. So these counts are
