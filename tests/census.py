@@ -113,6 +113,8 @@ def exported_for_each(fn: Callable, args: tuple) -> dict[str, str]:
 PLATFORM_INDEX = 'jax.global_constant = "_platform_index"'
 CASE = re.compile(r'(\s*)(%[\w#]+)(:\d+)? = "stablehlo\.case"\((%[\w#]+)\) \(\{$')
 FUNCTION = re.compile(r"\s*func\.func \w+ @([\w.$-]+)\((.*)")
+CALL = re.compile(r"\bcall @([\w.$-]+)\(([^)]*)\)")
+I32_CONSTANT = re.compile(r"\s*(%[\w#]+) = stablehlo\.constant dense<(-?\d+)> : tensor<i32>")
 
 
 def split_platforms(text: str, platforms: tuple[str, ...] = PLATFORMS) -> dict[str, str]:
@@ -142,7 +144,7 @@ def _platform_arguments(lines: list[str]) -> dict[str, int]:
             if PLATFORM_INDEX in line:
                 head = line.split(PLATFORM_INDEX)[0]
                 positions[current] = len(_arguments(head)) - 1
-        elif current is not None and (call := re.search(r"\bcall @([\w.$-]+)\(([^)]*)\)", line)):
+        elif current is not None and (call := CALL.search(line)):
             operands = [a.strip() for a in call.group(2).split(",")]
             functions[current].append((call.group(1), operands))
     changed = True
@@ -194,20 +196,17 @@ def _one_platform(lines: list[str], positions: dict[str, int], platform: int) ->
     return out
 
 
-I32_CONSTANT = re.compile(r"\s*(%[\w#]+) = stablehlo\.constant dense<(-?\d+)> : tensor<i32>")
-
-
 def _without_index(line: str, index: str) -> str:
     """A call's line without the platform index among its operands and their types."""
-    call = re.search(r"\bcall @[\w.$-]+\(([^)]*)\)", line)
+    call = CALL.search(line)
     if not call:
         return line
-    operands = [a.strip() for a in call.group(1).split(",")]
+    operands = [a.strip() for a in call.group(2).split(",")]
     if index not in operands:
         return line
     at = operands.index(index)
     head, types = line[: call.end()], line[call.end() :]
-    head = head[: call.start(1)] + ", ".join(operands[:at] + operands[at + 1 :]) + ")"
+    head = head[: call.start(2)] + ", ".join(operands[:at] + operands[at + 1 :]) + ")"
     typed = re.search(r": \(([^)]*)\) ->", types)
     listed = [t.strip() for t in typed.group(1).split(", ")]
     assert listed[at] == "tensor<i32>", line

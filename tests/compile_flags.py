@@ -53,6 +53,7 @@ def _library() -> pathlib.Path:
     return max(pathlib.Path(jaxlib.__file__).parent.glob("*.so"), key=lambda p: p.stat().st_size)
 
 
+@functools.cache
 def known(flag: str) -> bool:
     """Whether the installed jaxlib's XLA has `flag` (`--name=value`): its name is in
     the library (about 0.1 s, 0.7 s where absent)."""
