@@ -23,7 +23,7 @@ class Episodes:
     """Every step of every environment; the complete episodes a buffer should hold."""
 
     def __init__(self, num_envs, capacity, max_records):
-        self.steps = [[] for _ in range(num_envs)]
+        self.steps = [{} for _ in range(num_envs)]  # per environment, {name: [steps, ...]}
         self.capacity, self.k = capacity, max_records
         self.fresh = 0
 
@@ -37,21 +37,21 @@ class Episodes:
             "done": rng.random((num_envs, length)) < done_probability,
         }
         for env, history in enumerate(self.steps):
-            history.extend({k: v[env, t] for k, v in steps.items()} for t in range(length))
+            for k, v in steps.items():
+                history[k] = np.concatenate([history[k], v[env]]) if k in history else v[env]
         return steps
 
     def complete(self, env):
         """(first step number, length) of every complete, recorded, stored episode."""
-        history = self.steps[env]
-        oldest = len(history) - min(len(history), self.capacity)
-        ends = [i for i, step in enumerate(history) if step["done"]]
+        done = self.steps[env].get("done", np.zeros(0, bool))
+        oldest = len(done) - min(len(done), self.capacity)
+        ends = np.flatnonzero(done).tolist()
         previous = [-1, *ends][: len(ends)]
         episodes = [(prev + 1, end - prev) for prev, end in zip(previous, ends, strict=True)]
         return [e for e in episodes[-self.k :] if e[0] >= oldest]
 
     def episode(self, env, first, max_length):
-        window = self.steps[env][first : first + max_length]
-        return {k: np.stack([step[k] for step in window]) for k in window[0]}
+        return {k: v[first : first + max_length] for k, v in self.steps[env].items()}
 
 
 @pytest.mark.parametrize(
@@ -86,19 +86,20 @@ def test_episodes_are_complete_stored_and_padded_at_every_wrap(
         first_steps = np.asarray(state.side.first_step)  # read in Python: one transfer
         assert got.valid.all()
         seen = set()
+        # each row's episode, zero-padded past its shown steps: compared whole per column
+        expected = {name: np.zeros_like(column) for name, column in got.experience.items()}
+        shown = np.minimum(got.length, max_length)
         for i in range(batch):
             env, slot = divmod(int(got.indices[i]), records)
-            first = int(first_steps[env, slot])
-            length = int(got.length[i])
+            first, length = int(first_steps[env, slot]), int(got.length[i])
             assert (first, length) in complete[env], (call, env, first, length)
             seen.add((env, first))
-            shown = min(length, max_length)
-            saw_cut |= length > max_length
-            np.testing.assert_array_equal(got.mask[i], np.arange(max_length) < shown)
-            expected = history.episode(env, first, shown)
-            for name, column in got.experience.items():
-                np.testing.assert_array_equal(column[i, :shown], expected[name])
-                assert not column[i, shown:].any()  # zero padding
+            for name, steps in history.episode(env, first, int(shown[i])).items():
+                expected[name][i, : shown[i]] = steps
+        saw_cut |= bool((got.length > max_length).any())
+        np.testing.assert_array_equal(got.mask, np.arange(max_length) < shown[:, None])
+        for name, column in got.experience.items():
+            np.testing.assert_array_equal(column, expected[name], err_msg=f"{name}, call {call}")
         assert seen == {(env, e[0]) for env in range(num_envs) for e in complete[env]}
     assert saw_cut == (max_length < capacity)
 
