@@ -155,14 +155,14 @@ def train_sac(use_jaxbuf: bool, seed: int):
     evals, reports = [], []
     config = dict(
         environment=env,
-        num_timesteps=30_000,
+        num_timesteps=16_000,
         episode_length=1000,
         num_envs=64,
         batch_size=256,
         grad_updates_per_step=8,
-        max_replay_size=20_000,
+        max_replay_size=10_000,
         min_replay_size=2_048,
-        num_evals=3,
+        num_evals=2,
         num_eval_envs=16,
         seed=seed,
         learning_rate=6e-4,
@@ -184,9 +184,10 @@ def train_sac(use_jaxbuf: bool, seed: int):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning",
                             "ignore::FutureWarning")  # fmt: skip
 def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
-    """Brax's own SAC, 30k steps on inverted_pendulum (the queue fills at 20k and rolls
-    after): from the same 30 at the start, jaxbuf and Brax's queue both pass 150, within
-    the spread the seeds give each."""
+    """Brax's own SAC, 16k steps on inverted_pendulum (the queue fills at 10k and rolls
+    after): from the untrained policy's return (the same for both), jaxbuf and Brax's
+    queue both learn, each ending at least three times as high (seed 0 ends at 134-146,
+    4.5-4.9 times 30; 150-187 at 30k steps), and within the spread the seeds give each."""
     pytest.importorskip("brax")
     if not hasattr(jax, "device_put_replicated"):
         pytest.skip("Brax 0.14 calls jax.device_put_replicated, gone in JAX 0.10")
@@ -194,10 +195,11 @@ def test_brax_sac_learns_with_jaxbuf_as_with_its_queue():
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         (ours, reports), (theirs, _) = pool.starmap(train_sac, [(True, 0), (False, 0)])
     # the report, read in progress_fn: nothing before training, then the queue's size
-    # (20k, full: 20,032 at 313 per environment) and no mismatched step
-    assert reports[0] == {} and reports[-1] == {"buffer/mismatched": 0, "buffer/size": 20_032}
-    assert ours[0] == theirs[0] < 50
-    assert ours[-1] > 150 and theirs[-1] > 150
+    # (10k, full: 10,048 at 157 per environment) and no mismatched step
+    assert reports[0] == {} and reports[-1] == {"buffer/mismatched": 0, "buffer/size": 10_048}
+    untrained = ours[0]
+    assert theirs[0] == untrained < 50
+    assert ours[-1] > 3 * untrained and theirs[-1] > 3 * untrained
     assert abs(ours[-1] - theirs[-1]) < 60
 
 
