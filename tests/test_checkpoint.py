@@ -42,8 +42,11 @@ def items(batch, start=0, lead=()):
     }
 
 
+@functools.cache
 def states():
-    """One filled state of every kind, with its buffer and a fresh template."""
+    """One filled state of every kind, with its buffer and a fresh template: made once per
+    process (eager adds of eight buffers) and shared, as states are immutable and no test
+    donates them."""
     replay = jaxbuf.make_replay_buffer(8, 4)
     state = replay.init(EXAMPLE)
     for start in range(0, 11, 3):

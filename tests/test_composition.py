@@ -118,7 +118,7 @@ def test_samples_are_valid_stored_items_and_take_gives_them_back(case):
     assert set(np.asarray(first).tolist()) <= set(expected_stored(kind, history).tolist())
     if buffer.set_priorities is not None:
         assert batch.weights is not None and float(batch.weights.max()) <= 1.0
-        raised = buffer.set_priorities(state, batch.indices, jnp.full(8, 5.0))
+        raised = jax.jit(buffer.set_priorities)(state, batch.indices, jnp.full(8, 5.0))
         assert int(raised.sampler.rejected) == 0
 
 
@@ -127,10 +127,11 @@ def test_vmap_of_the_functions_equals_a_loop(case):
     states = [fill(kind, buffer, seed)[0] for seed in (1, 2)]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
     keys = jax.random.split(jax.random.key(3), 2)
-    batches = jax.jit(jax.vmap(buffer.sample))(stacked, keys)
+    batches = jax.device_get(jax.jit(jax.vmap(buffer.sample))(stacked, keys))
+    sample = jax.jit(buffer.sample)
     for i, state in enumerate(states):
         chex.assert_trees_all_equal(
-            jax.tree.map(lambda x, i=i: x[i], batches), buffer.sample(state, keys[i])
+            jax.tree.map(lambda x, i=i: x[i], batches), sample(state, keys[i])
         )
 
 
@@ -140,17 +141,19 @@ def test_vectorize_equals_independent_buffers(case):
     rng = np.random.default_rng(4)
     state = vectorized.init(example(kind))
     singles = [buffer.init(example(kind)) for _ in range(2)]
+    add, add_each = jax.jit(vectorized.add), jax.jit(buffer.add)
     for call in range(6):
         length = int(rng.choice([1, 5]))
         parts = [chunk(kind, 1000 * b + 50 * call, length) for b in range(2)]
-        state = jax.jit(vectorized.add)(state, jax.tree.map(lambda *x: np.stack(x), *parts))
-        singles = [buffer.add(s, p) for s, p in zip(singles, parts, strict=True)]
+        state = add(state, jax.tree.map(lambda *x: np.stack(x), *parts))
+        singles = [add_each(s, p) for s, p in zip(singles, parts, strict=True)]
+    stacked = jax.device_get(state.replace(sampler=None))
     for b, single in enumerate(singles):
-        mine = jax.tree.map(lambda x, b=b: x[b], state.replace(sampler=None))
+        mine = jax.tree.map(lambda x, b=b: x[b], stacked)
         chex.assert_trees_all_equal(mine, single.replace(sampler=None))
     batch = jax.jit(vectorized.sample)(state, jax.random.key(5))
     assert bool(batch.valid.all()) and set(np.asarray(batch.source).tolist()) <= {0, 1}
-    chex.assert_trees_all_equal(vectorized.take(state, batch.indices), batch.experience)
+    chex.assert_trees_all_equal(jax.jit(vectorized.take)(state, batch.indices), batch.experience)
     stored = jaxbuf.stored_items(state)
     assert len(stored["buffer"]) == sum(len(jaxbuf.stored_items(s)["obs"]) for s in singles)
 
@@ -159,12 +162,13 @@ def test_mix_of_two_buffers_keeps_each_items_source(case):
     kind, buffer, state, _ = case
     other = fill(kind, buffer, seed=6)[0]
     sample = jax.jit(jaxbuf.mix([buffer, buffer], [0.25, 0.75], 8))
-    batch = sample([state, other], jax.random.key(7))
+    batch = jax.device_get(sample([state, other], jax.random.key(7)))
     assert batch.source.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+    take = jax.jit(buffer.take)
     for source, part in ((0, state), (1, other)):
-        rows = np.flatnonzero(np.asarray(batch.source) == source)
+        rows = np.flatnonzero(batch.source == source)
         got = jax.tree.map(lambda x, rows=rows: x[rows], batch.experience)
-        chex.assert_trees_all_equal(buffer.take(part, batch.indices[rows]), got)
+        chex.assert_trees_all_equal(take(part, batch.indices[rows]), got)
 
 
 def test_checkpoints_serialization_and_orbax_restore_exactly(case, tmp_path):
@@ -187,7 +191,8 @@ def test_buffer_from_config_rebuilds_the_same_buffer(case):
     rebuilt = jaxbuf.buffer_from_config(buffer.config.to_dict())
     assert rebuilt.config == buffer.config
     key = jax.random.key(8)
-    chex.assert_trees_all_equal(rebuilt.sample(state, key), buffer.sample(state, key))
+    chex.assert_trees_all_equal(jax.jit(rebuilt.sample)(state, key),
+                                jax.jit(buffer.sample)(state, key))  # fmt: skip
 
 
 def test_shard_over_a_one_device_mesh_equals_the_buffer(case):
@@ -197,11 +202,12 @@ def test_shard_over_a_one_device_mesh_equals_the_buffer(case):
     sstate = sharded.init(example(kind))
     data = chunk(kind, 0, 5)
     sstate = jax.jit(sharded.add)(sstate, data)
-    single = buffer.add(buffer.init(example(kind)), data)
-    chex.assert_trees_all_equal(jax.tree.map(lambda x: x[0], sstate), single)
+    single = jax.jit(buffer.add)(buffer.init(example(kind)), data)
+    chex.assert_trees_all_equal(jax.tree.map(lambda x: x[0], jax.device_get(sstate)), single)
     key = jax.random.key(9)
     chex.assert_trees_all_equal(
-        jax.jit(sharded.sample)(sstate, key), buffer.sample(single, jax.random.fold_in(key, 0))
+        jax.jit(sharded.sample)(sstate, key),
+        jax.jit(buffer.sample)(single, jax.random.fold_in(key, 0)),
     )
 
 
