@@ -185,7 +185,7 @@ def test_auto_is_scan_on_cpu_and_associative_on_accelerators(estimator):
     args = rollout(7, shape=(2048, 4), p_end=0.003)
     default = jax.jit(estimator)(*args)  # method="auto": the scan on CPU, else associative
     scan = jax.jit(lambda *a: estimator(*a, method="scan"))(*args)
-    associative = estimator(*args, method="associative")
+    associative = jax.jit(lambda *a: estimator(*a, method="associative"))(*args)
     taken = scan if jax.default_backend() == "cpu" else associative
     np.testing.assert_array_equal(default, taken)
     np.testing.assert_allclose(scan, associative, rtol=2e-5, atol=2e-5)
@@ -220,7 +220,7 @@ def test_gradients_flow_through_values(method):
             r, values, next_values, term, trunc, discount=gamma, gae_lambda=lam, method=method
         )[0].sum()
 
-    d_values, d_next = jax.grad(total_advantage, argnums=(0, 1))(v, nv)
+    d_values, d_next = jax.jit(jax.grad(total_advantage, argnums=(0, 1)))(v, nv)
     # A = M @ delta with M[t, s] = prod_{k=t}^{s-1} gamma * lam * (1 - done_k) for s >= t.
     mixing = np.zeros((30, 30))
     for t in range(30):
