@@ -141,10 +141,11 @@ def test_transitions_whose_final_observation_is_lost_come_back_invalid():
     state = buffer.init(TRANSITION)
     rng = np.random.default_rng(0)
     envs = Environments(2, 0.6, rng)  # episodes far shorter than 6 steps
+    add = jax.jit(buffer.add)
     for _ in range(6):
-        state = buffer.add(state, envs.steps(8)[1])
+        state = add(state, envs.steps(8)[1])
     assert np.asarray(state.side.stale).any()
-    got = jax.device_get(buffer.sample(state, jax.random.key(0)))
+    got = jax.device_get(jax.jit(buffer.sample)(state, jax.random.key(0)))
     env_indices, time_indices = env_time(got, 12)
     offsets = (time_indices - (int(state.position) - int(state.size))) % 12
     fresh = offsets >= np.asarray(state.side.stale)[env_indices]
