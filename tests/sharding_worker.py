@@ -359,7 +359,7 @@ def hlo(part: int | None = None) -> None:
                 (state, jax.random.key(0)),
             )
         if getattr(sharded, "set_priorities", None) is not None:
-            batch = sharded.sample(state, jax.random.key(0))
+            batch = jax.jit(sharded.sample)(state, jax.random.key(0))
             calls["set_priorities"] = (
                 sharded.set_priorities,
                 (state, batch.indices, batch.probabilities),
@@ -452,7 +452,8 @@ def checkpoint(folder: str) -> None:
     mesh = jax.make_mesh((4,), ("data",))
     for name, buffer, example, make in buffers()[2:5]:
         sharded = jaxbuf.shard(buffer, mesh, "data")
-        state = sharded.add(sharded.init(example), make(np.random.default_rng(2), 4))
+        add = jax.jit(sharded.add)  # eager, a sharded add compiles each primitive
+        state = add(sharded.init(example), make(np.random.default_rng(2), 4))
         path = ocp.test_utils.erase_and_create_empty(f"{folder}/{name}")
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(path / "state", state)
@@ -488,6 +489,7 @@ def process(process_id: int, port: int, folder: str) -> None:
     local_devices = [d for d in mesh.devices.flat if d.process_index == process_id]
     shards = [int(np.flatnonzero(mesh.devices.flat == d)[0]) for d in local_devices]
     singles = {d: buffer.init(example) for d in shards}
+    buffer = _jitted(buffer)  # the references, one per shard
     add = jax.jit(sharded.add, donate_argnums=0)
     sample = jax.jit(sharded.sample)
     for step in range(6):
