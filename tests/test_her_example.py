@@ -38,7 +38,11 @@ def test_bitflip_steps_reward_terminate_truncate_and_reset_like_the_paper():
 
 
 def test_dqn_with_relabeling_learns_eight_bits():
-    config = {"cycles": 240, "num_chunks": 2, "eval_envs": 128}
+    """120 cycles on 8 bits: with relabeling the greedy policy reaches its goals (1.00 for
+    seeds 0-2), without it, in as many cycles, it rarely does (0.01-0.09). At the 240
+    cycles this test ran before, both reach 1.00: the shorter run is what tells them apart."""
+    config = {"cycles": 120, "num_chunks": 2, "eval_envs": 128}
     with jax.numpy_dtype_promotion("standard"):  # optax's adam mixes int32 and float32
-        score = her_bitflip.main(seed=0, bits=8, her=True, quiet=True, config=config)
-    assert score >= 0.9
+        relabeled = her_bitflip.main(seed=0, bits=8, her=True, quiet=True, config=config)
+        plain = her_bitflip.main(seed=0, bits=8, her=False, quiet=True, config=config)
+    assert relabeled >= 0.9 and plain <= 0.5
