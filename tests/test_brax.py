@@ -56,12 +56,13 @@ def test_every_sample_is_a_stored_transition_with_its_own_next_observation():
         kept = steps[max(0, t - 6) : t + 1]
         assert int(replay.size(state)) == 4 * len(kept)
         state, batch = sample(state)
-        table = {tuple(np.asarray(x.observation[e])): (x, e) for x in kept for e in range(4)}
-        for b in range(64):
-            got = jax.tree.map(lambda x, b=b: np.asarray(x[b]), batch)
-            source, e = table[tuple(got.observation)]
-            chex.assert_trees_all_close(got, jax.tree.map(lambda x, e=e: np.asarray(x[e]), source))
-            newest_drawn += source is step
+        batch = jax.device_get(batch)  # rows read in NumPy
+        stored = [(x, e) for x in kept for e in range(4)]
+        table = {tuple(x.observation[e]): i for i, (x, e) in enumerate(stored)}
+        drawn = [stored[table[tuple(observation)]] for observation in batch.observation]
+        rows = [jax.tree.map(lambda leaf, e=e: np.asarray(leaf[e]), x) for x, e in drawn]
+        chex.assert_trees_all_close(batch, jax.tree.map(lambda *r: np.stack(r), *rows))
+        newest_drawn += sum(x is step for x, _ in drawn)
     assert newest_drawn > 100
     assert int(state.mismatched) == 0
     assert replay.bytes_per_transition() == 4 * (3 + 2 + 1 + 1 + 1)  # no next_observation
