@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _memory, _storage, _validation
+from jaxbuf import _lowering, _memory, _storage, _validation
 from jaxbuf._goals import Relabeling
 from jaxbuf._samplers import Changes, Drawn, Sampler
 from jaxbuf._types import Buffer, Config, PyTree, Sample
@@ -104,7 +104,7 @@ def add(layout: Layout, sampler: Sampler, state: Any, data: PyTree, *,
     def masked() -> Any:  # accelerators: no predicate sent to the host
         return _write(layout, sampler, state, data, where)
 
-    return jax.lax.platform_dependent(cpu=branch, default=masked)
+    return _lowering.branch_or_mask(branch=branch, mask=masked)
 
 
 def _write(layout: Layout, sampler: Sampler, state: Any, data: PyTree, where) -> Any:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _sampling, _storage, _validation
+from jaxbuf import _lowering, _sampling, _storage, _validation
 from jaxbuf._types import Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")
@@ -259,11 +259,11 @@ def _episode_span(state: Any, envs: jax.Array, at: jax.Array) -> tuple[jax.Array
         envs_ = envs.reshape(rows.shape[:1] + (1,) * (rank.ndim - 1))
         return _bitcast_offset(side.added_at[envs_, rows], oldest)
 
-    low = jax.lax.platform_dependent(
+    low = _lowering.loop_or_unrolled(
         size,
         at,
-        cpu=lambda n, a: _binary_search(end_at, n, a, k),
-        default=lambda n, a: _wide_search(end_at, n, a, k),
+        loop=lambda n, a: _binary_search(end_at, n, a, k),
+        unrolled=lambda n, a: _wide_search(end_at, n, a, k),
     )
     # the end at `low` and the one before it, in one read
     pair = end_at(jnp.stack([jnp.maximum(low - 1, 0), jnp.minimum(low, k - 1)], axis=1))

@@ -10,8 +10,8 @@ whole array, and no gather or scatter on a host array runs in device code:
   each read back to merge, then written), row by row on CPU up to 64 rows; a
   time ring's steps one column slice each (`write_steps`); scattered rows, such
   as the transition buffer's final observations, one gated row each up to
-  `ROW_SLICES` rows, more scattered by the host (`compute_on`; `write_at`);
-- `sample` reads up to `ROW_SLICES` rows with a `dynamic_slice` each and moves
+  `_lowering.ROW_SLICES` rows, more scattered by the host (`compute_on`; `write_at`);
+- `sample` reads up to `_lowering.ROW_SLICES` rows with a `dynamic_slice` each and moves
   them to device memory; more are gathered by the host (`compute_on`) into one
   block that moves at once (`read_rows`).
 
@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxbuf import _lowering
 from jaxbuf._types import PyTree
 
 _SPACE: Any = getattr(getattr(jax, "memory", None), "Space", None)  # JAX 0.7+
@@ -176,7 +177,7 @@ def each(count: int, body: Any, carry: Any) -> Any:
         return carry
 
     looped = lambda carry: jax.lax.fori_loop(0, count, body, carry)  # noqa: E731
-    return jax.lax.platform_dependent(carry, cpu=looped, default=unrolled)
+    return _lowering.loop_or_unrolled(carry, loop=looped, unrolled=unrolled)
 
 
 def stacked(size: int, batched: tuple, column: jax.Array, *args: Any) -> tuple:
@@ -231,7 +232,7 @@ def write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.Ar
     *row]`. Rows with `valid` false are kept, so indices may repeat among them; the
     valid ones must be distinct.
 
-    Up to `ROW_SLICES` rows, row by row (each read back and written, gated on the
+    Up to `_lowering.ROW_SLICES` rows, row by row (each read back and written, gated on the
     device side); more, a loop of those on CPU and, on accelerators, one scatter
     computed by the host (`compute_on`) with the rows moved there at once: never a
     row write per environment unrolled into the program (4,096 of them for one
@@ -254,15 +255,15 @@ def _write_at(column: jax.Array, indices: tuple, values: jax.Array, valid: jax.A
         return jax.lax.dynamic_update_slice(column, to_host(row), start)
 
     count = keep.shape[0]
-    if count <= ROW_SLICES:
+    if count <= _lowering.ROW_SLICES:
         return each(count, one, column)
     # dropped rows go past the end, each to its own row (the valid ones are distinct)
     first = jnp.where(keep, flat[0], column.shape[0] + jnp.arange(count, dtype=jnp.int32))
     at = tuple(to_host(i) for i in (first, *flat[1:]))
-    return jax.lax.platform_dependent(
+    return _lowering.copies_or_scatter(
         column,
-        cpu=lambda column: jax.lax.fori_loop(0, count, one, column),
-        default=lambda column: _on_host(_scatter, column, at, to_host(rows)),
+        copies=lambda column: jax.lax.fori_loop(0, count, one, column),
+        scatter=lambda column: _on_host(_scatter, column, at, to_host(rows)),
     )
 
 
@@ -278,17 +279,9 @@ def _write_at_batched(size: int, batched: tuple, column, indices, values, valid)
     return write_at(column, (buffers, *indices), values, valid), True
 
 
-# Reads of up to this many rows are row slices, each a copy out of host memory (DMAs on
-# a GPU: about 4.6 µs a row on an H200, and the unrolled form compiles in time that grows
-# faster than the row count: 8,192 rows took minutes). More rows are gathered by the
-# host (`compute_on`) into one block moved to the device in one copy: 256 rows 374 µs
-# against 1,182 unrolled and 2,108 in a loop (H200, 84x84 frames; bench_host_memory.py).
-ROW_SLICES = 32
-
-
 def read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     """`column[indices]` (the index arrays broadcast together, one per leading axis)
-    out of host memory into device memory: up to `ROW_SLICES` rows one slice each,
+    out of host memory into device memory: up to `_lowering.ROW_SLICES` rows one slice each,
     more gathered by the host and moved in one block. Never the whole column.
 
     Under `vmap` (`jaxbuf.blocks` draws several batches, `vectorize` stacks
@@ -303,7 +296,7 @@ def _read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     flat = [jnp.broadcast_to(jnp.asarray(i, jnp.int32), lead).ravel() for i in indices]
     rest = column.shape[len(indices) :]
     count = flat[0].shape[0] if flat else 1
-    if count > ROW_SLICES:
+    if count > _lowering.ROW_SLICES:
         rows = to_device(_host_gather(column, tuple(to_host(i) for i in flat)))
         return rows.reshape(*lead, *rest)
 
@@ -320,7 +313,7 @@ def _read_rows(column: jax.Array, indices: tuple) -> jax.Array:
     def unrolled() -> jax.Array:  # accelerators: `count` row reads, no `while`
         return jnp.concatenate([row(j) for j in range(count)], axis=0)
 
-    rows = jax.lax.platform_dependent(cpu=looped, default=unrolled)
+    rows = _lowering.loop_or_unrolled(loop=looped, unrolled=unrolled)
     return rows.reshape(*lead, *rest)
 
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxbuf import _validation
+from jaxbuf import _lowering, _validation
 from jaxbuf._validation import check_int
 
 _METHODS = ("auto", "scan", "associative")
@@ -128,13 +128,13 @@ def _gae_scan(rewards, values, next_values, terminated, truncated, discount, gae
 
 def per_platform(method: str, function: Callable[..., Any], *args: Any) -> Any:
     """`function(*args, method=...)` with `"auto"` resolved per lowering platform:
-    `"scan"` on CPU, `"associative"` elsewhere (`jax.lax.platform_dependent`)."""
+    `"scan"` on CPU, `"associative"` elsewhere (`_lowering.loop_or_unrolled`)."""
     if check_method(method) != "auto":
         return function(*args, method=method)
-    return lax.platform_dependent(
+    return _lowering.loop_or_unrolled(
         *args,
-        cpu=functools.partial(function, method="scan"),
-        default=functools.partial(function, method="associative"),
+        loop=functools.partial(function, method="scan"),
+        unrolled=functools.partial(function, method="associative"),
     )
 
 

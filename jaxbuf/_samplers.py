@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _sampling, _sumtree, _validation
+from jaxbuf import _lowering, _sampling, _sumtree, _validation
 from jaxbuf._types import Config, PyTree, _Record
 
 
@@ -417,7 +417,7 @@ def epochs() -> Sampler:
             fresh = begin(layout, state, key)
             return jax.tree.map(lambda new, old: jnp.where(ended, new, old), fresh, current)
 
-        current = jax.lax.platform_dependent(cpu=branch, default=select)
+        current = _lowering.branch_or_mask(branch=branch, mask=select)
         positions = current.cursor + jnp.arange(count, dtype=jnp.int32)
         slots = current.order[jnp.minimum(positions, layout.num_slots - 1)]
         valid = (positions < current.size) & current.member[slots] & layout.usable(state, slots)

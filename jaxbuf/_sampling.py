@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxbuf import _lowering
+
 _GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive counters
 
 
@@ -66,12 +68,6 @@ def uniform_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     return scale_below(random_words(key, count), n)
 
 
-# Up to this many draws, sampling without replacement compares every pair of draws
-# (`[B, B]` elementwise work that fuses, and on CPU Floyd's loop); above, it sorts
-# and gathers, and the CPU takes the accelerators' path too.
-PAIRS = 1024
-
-
 def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     """`count` draws from `[0, n)` without replacement, in random order.
 
@@ -97,11 +93,10 @@ def distinct_indices(key: jax.Array, n: jax.Array, count: int) -> jax.Array:
     draws = scale_below(words[:count], tops + 1)
 
     doubling = functools.partial(_floyd_by_doubling, population)
-    # Above 1,024 draws the loop's O(B^2) passes cost the CPU more than the doubling's
-    # rounds and sort (8,192 draws: 34 against 4.4 ms; 32,768: 456 against 18 ms).
+    # Above `PAIRS` draws the loop's O(B^2) passes cost the CPU more than the doubling.
     chosen = (
-        lax.platform_dependent(draws, tops, cpu=_floyd_in_loop, default=doubling)
-        if count <= PAIRS
+        _lowering.loop_or_unrolled(draws, tops, loop=_floyd_in_loop, unrolled=doubling)
+        if count <= _lowering.PAIRS
         else doubling(draws, tops)
     )
     shuffled = chosen[jnp.argsort(words[count:])]
@@ -144,7 +139,7 @@ def _floyd_by_doubling(population: jax.Array, draws: jax.Array, tops: jax.Array)
         has = pointer >= 0
         # The step each pointer names, read by comparison below 1024 steps ([B, B]
         # elementwise work that fuses) and gathered above.
-        if count <= PAIRS:
+        if count <= _lowering.PAIRS:
             named = pointer[:, None] == steps[None, :]
             collided = collided | jnp.any(named & collided[None, :], axis=1)
             pointer = jnp.where(has, jnp.sum(jnp.where(named, pointer[None, :], 0), axis=1), -1)
@@ -160,7 +155,7 @@ def _repeated(draws: jax.Array, steps: jax.Array) -> jax.Array:
     draws by comparing every pair (`[B, B]` elementwise work that fuses); above, where
     that grows to 10⁹ pairs at 32,768, by one sort of `(draw, step)` pairs, in which a
     draw repeats iff the pair before it has the same draw."""
-    if draws.shape[0] <= PAIRS:
+    if draws.shape[0] <= _lowering.PAIRS:
         return jnp.any((draws[:, None] == draws[None, :]) & (steps[None, :] < steps[:, None]), 1)
     ordered, order = lax.sort((draws, steps), num_keys=2)
     again = jnp.concatenate([jnp.zeros(1, bool), ordered[1:] == ordered[:-1]])
@@ -192,26 +187,21 @@ def locate(
 def _search(ends: jax.Array, draws: jax.Array) -> jax.Array:
     """`searchsorted(ends, draws, side="right")`, by size and platform.
 
-    Up to `SMALL` groups, every draw is compared with every end (`[B, G]`
+    Up to `_lowering.SMALL` groups, every draw is compared with every end (`[B, G]`
     elementwise work that fuses, no loop anywhere). Above, a binary search of
-    `ceil(log2(G + 1))` steps: a `while` on CPU, where an iteration costs ~0.1 µs;
+    `ceil(log2(G + 1))` steps: a `while` on CPU, where an iteration is cheap;
     unrolled on accelerators, where each iteration of a `while` is a round of
-    kernel launches driven from the host (the transition buffer's `sample` took
-    230-390 µs at 4,096 environments on an H200 with the loop) while the
-    unrolled steps are dependent reads of a `G`-entry table, elementwise over the
-    draws, which XLA may fuse.
+    kernel launches driven from the host, while the unrolled steps are dependent
+    reads of a `G`-entry table, elementwise over the draws, which XLA may fuse.
     """
-    if ends.shape[0] <= SMALL:
+    if ends.shape[0] <= _lowering.SMALL:
         return jnp.searchsorted(ends, draws, side="right", method="compare_all")
 
     def search(method: str):
         return lambda e, d: jnp.searchsorted(e, d, side="right", method=method)
 
-    return lax.platform_dependent(ends, draws, cpu=search("scan"), default=search("scan_unrolled"))
-
-
-# Tables of at most this many entries are read by comparison on accelerators.
-SMALL = 64
+    return _lowering.loop_or_unrolled(ends, draws, loop=search("scan"),
+                                      unrolled=search("scan_unrolled"))  # fmt: skip
 
 
 def take_small(values: jax.Array, indices: jax.Array) -> jax.Array:
@@ -224,7 +214,7 @@ def take_small(values: jax.Array, indices: jax.Array) -> jax.Array:
     Both give the same values.
     """
     size = values.shape[0]
-    if size > SMALL:
+    if size > _lowering.SMALL:
         return values[indices]
 
     def compare(values: jax.Array, indices: jax.Array) -> jax.Array:
@@ -234,7 +224,7 @@ def take_small(values: jax.Array, indices: jax.Array) -> jax.Array:
         return jnp.sum(jnp.where(hit, table, jnp.zeros((), values.dtype)), axis=-1,
                        dtype=values.dtype)  # fmt: skip
 
-    return lax.platform_dependent(values, indices, cpu=lambda v, i: v[i], default=compare)
+    return _lowering.gather_or_compare(values, indices, gather=lambda v, i: v[i], compare=compare)
 
 
 def take_columns(values: jax.Array, columns: jax.Array) -> jax.Array:
@@ -246,7 +236,7 @@ def take_columns(values: jax.Array, columns: jax.Array) -> jax.Array:
     def gather(values: jax.Array, columns: jax.Array) -> jax.Array:
         return jnp.take_along_axis(values, columns[:, None], axis=1)[:, 0]
 
-    if width > SMALL:
+    if width > _lowering.SMALL:
         return gather(values, columns)
 
     def compare(values: jax.Array, columns: jax.Array) -> jax.Array:
@@ -254,14 +244,13 @@ def take_columns(values: jax.Array, columns: jax.Array) -> jax.Array:
         return jnp.sum(jnp.where(hit, values, jnp.zeros((), values.dtype)), axis=1,
                        dtype=values.dtype)  # fmt: skip
 
-    return lax.platform_dependent(values, columns, cpu=gather, default=compare)
+    return _lowering.gather_or_compare(values, columns, gather=gather, compare=compare)
 
 
 def running_sum(x: jax.Array, axis: int = 0) -> jax.Array:
     """int32 inclusive running sum of `x` (bool or integer) along `axis`: `jnp.cumsum`
-    on CPU; elsewhere `jax.lax.associative_scan`, slices and adds `O(log n)` deep.
-    (JAX 0.11 lowers `cumsum` for GPUs to a scan op that `jax.export` writes as a
-    `while`: found by the census run on an H200.)"""
+    on CPU; elsewhere `jax.lax.associative_scan`, slices and adds `O(log n)` deep
+    (`cumsum` may lower for GPUs to a scan op that `jax.export` writes as a `while`)."""
     x = x.astype(jnp.int32)
     scan = functools.partial(jax.lax.associative_scan, jnp.add, axis=axis)
-    return lax.platform_dependent(x, cpu=lambda x: jnp.cumsum(x, axis=axis), default=scan)
+    return _lowering.loop_or_unrolled(x, loop=lambda x: jnp.cumsum(x, axis=axis), unrolled=scan)

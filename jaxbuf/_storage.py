@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _host_memory, _sampling, _validation
+from jaxbuf import _host_memory, _lowering, _sampling, _validation
 from jaxbuf._types import PyTree
 
 # A bool scalar that lets a write happen (None: always).
@@ -164,23 +164,23 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
         if _host_memory.on_host(column):  # slices only; accelerators: two windows
             return _write_host(column, values, position, where)
-        if column.dtype.itemsize * np.prod(column.shape[1:]) < WIDE_ROW:
+        if column.dtype.itemsize * np.prod(column.shape[1:]) < _lowering.WIDE_ROW:
             return scatter(column, values)
-        slices = _write_rows if batch <= FEW_ROWS else _write_slices
+        slices = _write_rows if batch <= _lowering.FEW_ROWS else _write_slices
         cpu = lambda: slices(column, values, position, where)  # noqa: E731
-        return jax.lax.platform_dependent(cpu=cpu, default=lambda: scatter(column, values))
+        return _lowering.copies_or_scatter(copies=cpu, scatter=lambda: scatter(column, values))
 
     return jax.tree.map(put, experience, items)
 
 
 @jax.custom_batching.custom_vmap
 def _write_host(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
-    """`write` of one host-memory leaf: row by row on CPU (up to `FEW_ROWS` rows),
+    """`write` of one host-memory leaf: row by row on CPU (up to `_lowering.FEW_ROWS` rows),
     else as two windows."""
     rows = functools.partial(_write_rows, column, _host_memory.to_host(values))
     windows = functools.partial(_write_slices, column, values)
-    cpu = rows if values.shape[0] <= FEW_ROWS else windows
-    return jax.lax.platform_dependent(position, where, cpu=cpu, default=windows)
+    cpu = rows if values.shape[0] <= _lowering.FEW_ROWS else windows
+    return _lowering.copies_or_scatter(position, where, copies=cpu, scatter=windows)
 
 
 @_write_host.def_vmap
@@ -193,16 +193,6 @@ def _write_host_batched(size: int, batched: tuple, column, values, position, whe
     valid = jnp.broadcast_to(True if where is None else where[:, None], rows.shape)
     buffers = jnp.arange(size, dtype=jnp.int32)[:, None]
     return _host_memory.write_at(column, (buffers, rows), values, valid), True
-
-
-# Rows of at least this many bytes (an 84x84 frame has 7056) are written on CPU as slice
-# updates, each a memory copy, instead of a scatter, which XLA's CPU backend runs
-# element by element: 10x slower for such rows. Narrower rows keep the one scatter.
-WIDE_ROW = 512
-# Up to this many wide rows are written on CPU one row at a time (a loop of single-row
-# updates, each in place): two merged window updates cost time that grows with the
-# capacity on XLA's CPU backend (84x84 frames: 4 rows 15 µs at 10k, 190 µs at 300k).
-FEW_ROWS = 64
 
 
 def _write_rows(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
@@ -334,11 +324,10 @@ def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, wh
 def _write_column(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
     """One step of every environment (`values` `[num_envs, 1, ...]`) into time `position`
     of `column` `[num_envs, capacity, ...]`: one slice update on every platform, as
-    Flashbax writes its time column. On CPU a memory copy, where the per-environment
-    scatter or slice pair reads and writes it several times (1024 environments of 512
-    floats: 2.5x); on accelerators one kernel without index arrays (a vmapped write
-    was a scatter of `num_envs` (environment, time) pairs). With `where` false the
-    column is kept."""
+    Flashbax writes its time column. On CPU a memory copy, where a per-environment
+    scatter or slice pair would read and write it several times; on accelerators one
+    kernel without index arrays (not a scatter of `num_envs` (environment, time)
+    pairs). With `where` false the column is kept."""
     if where is not None:
         old = jax.lax.dynamic_slice_in_dim(column, position, 1, axis=1)
         values = jnp.where(where, values, old)

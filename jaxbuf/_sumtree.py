@@ -4,7 +4,7 @@
 Each has two walks that give the same results bit for bit: the CPU's, here,
 one or two levels per loop iteration, which XLA compiles tightly on CPU; and
 the accelerators', in `_sumtree_blocks`, several levels per wide access with
-no loop. `jax.lax.platform_dependent` picks one per lowering platform. The
+no loop. The lowering seam (`_lowering`) picks one per lowering platform. The
 state and the node arithmetic both walks share live below them, in
 `_sumtree_nodes` (node `i` has children `2i` and `2i + 1`, leaves at
 `[P, P + capacity)`, every inner node `left + right`).
@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _sumtree_blocks
+from jaxbuf import _lowering, _sumtree_blocks
 from jaxbuf._sumtree_nodes import (
     SumTreeState,
     depth,
@@ -58,11 +58,10 @@ def update(
       unique: the indices are known distinct (skips the duplicate resolution of
         the parallel method).
       method: `"sequential"` walks each leaf's path to the root in turn, in scalar
-        loops, which XLA compiles tightly on CPU (40 us against 150 for B = 256
-        at capacity 1e6); `"parallel"` recomputes `_sumtree_blocks.LEVELS`
+        loops, which XLA compiles tightly on CPU; `"parallel"` recomputes `_lowering.LEVELS`
         levels of every path per wide access, with no loop, for accelerators.
-        Both give the same tree bit for bit. None picks per lowering platform with
-        `jax.lax.platform_dependent` (sequential on CPU, parallel elsewhere), so
+        Both give the same tree bit for bit. None picks per lowering platform
+        (`_lowering.loop_or_unrolled`: sequential on CPU, parallel elsewhere), so
         a program exported from a CPU host for `cuda` gets the parallel method.
     """
     keep = jnp.ones(indices.shape, bool) if keep is None else keep
@@ -70,8 +69,8 @@ def update(
     parallel = jax.named_call(functools.partial(_sumtree_blocks.update, unique=unique),
                               name="sumtree_parallel")  # fmt: skip
     if method is None:
-        return jax.lax.platform_dependent(
-            tree, indices, values, keep, cpu=sequential, default=parallel
+        return _lowering.loop_or_unrolled(
+            tree, indices, values, keep, loop=sequential, unrolled=parallel
         )
     if method not in ("sequential", "parallel"):
         raise ValueError(f"method must be 'sequential' or 'parallel', got {method!r}.")
@@ -116,7 +115,7 @@ def find(tree: SumTreeState, fractions: jax.Array):
 
     Where lowered for CPU the descent runs in a loop, two levels per iteration;
     for accelerators `_sumtree_blocks.find` takes the same steps with no loop,
-    several levels per gather (`jax.lax.platform_dependent`). Both find the same
+    several levels per gather (`_lowering.loop_or_unrolled`). Both find the same
     leaves bit for bit.
 
     Args:
@@ -132,8 +131,8 @@ def find(tree: SumTreeState, fractions: jax.Array):
       leaf found has a positive value whenever the total is positive. With a
       zero total the indices are meaningless (but in `[0, P)`).
     """
-    found = jax.lax.platform_dependent(
-        tree, fractions, cpu=_find_in_loop, default=_sumtree_blocks.find
+    found = _lowering.loop_or_unrolled(
+        tree, fractions, loop=_find_in_loop, unrolled=_sumtree_blocks.find
     )
     # The barrier keeps XLA from fusing reads of the tree into later consumers of
     # these results, where they would no longer precede an update of the tree.

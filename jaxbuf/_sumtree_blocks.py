@@ -4,7 +4,7 @@ On a GPU or TPU every loop iteration is a kernel launch driven from the host,
 so the one-level-per-iteration loops that are fastest on a CPU are the slowest
 there. The heap layout of `_sumtree_nodes` makes every subtree level contiguous: the
 descendants of node `n` that lie `j` levels below it are the `2^j` nodes
-`n·2^j … n·2^j + 2^j − 1`. So both operations take `⌈D / LEVELS⌉` wide
+`n·2^j … n·2^j + 2^j − 1`. So both operations take `⌈D / _lowering.LEVELS⌉` wide
 accesses for a tree of depth `D`, unrolled at trace time (no loop):
 
 - `find` gathers that block `[B, 2^j]` under the current node, rebuilds the
@@ -24,14 +24,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _sumtree_nodes
-
-# Levels per access: 5 (blocks of 32 sums) was the fastest of 4, 5 and 7 in the
-# prioritized step at capacity 1e6 on an H100 (../shared DESIGN-accelerators.md).
-LEVELS = 5
+from jaxbuf import _lowering, _sumtree_nodes
 
 
-def jumps(depth: int, levels: int = LEVELS) -> list[int]:
+def jumps(depth: int, levels: int = _lowering.LEVELS) -> list[int]:
     """The levels of each jump from the root down a tree of `depth` levels: the
     first takes the remainder, e.g. `jumps(12, 5) == [2, 5, 5]`."""
     out, left = [], depth
@@ -60,7 +56,7 @@ def _pick(level: jax.Array, position: jax.Array) -> jax.Array:
 
 
 def find(tree: _sumtree_nodes.SumTreeState, fractions: jax.Array):
-    """`_sumtree.find`, `LEVELS` levels per gather; the same results bit for bit."""
+    """`_sumtree.find`, `_lowering.LEVELS` levels per gather; the same results bit for bit."""
     sums, offset = tree.sums, _sumtree_nodes.leaf_offset(tree)
     node, total, smallest = _sumtree_nodes.read_root(tree, fractions)
     targets, value = fractions * total, total

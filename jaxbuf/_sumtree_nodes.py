@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxbuf import _lowering
+
 
 class SumTreeState(struct.PyTreeNode):
     """Sums and minima of the leaf values below every node.
@@ -69,7 +71,7 @@ def leaves(tree: SumTreeState, indices: jax.Array) -> jax.Array:
 def last_occurrence(indices: jax.Array) -> jax.Array:
     """bool `[B]`: true where no later entry of `indices` `[B]` holds the same index."""
     count = indices.shape[0]
-    if count <= 1024:  # O(B^2) comparisons beat a sort on CPU at these sizes (17 vs 57 us)
+    if count <= _lowering.PAIRS:
         steps = jnp.arange(count)
         later = steps[:, None] < steps[None, :]
         return ~jnp.any((indices[:, None] == indices[None, :]) & later, axis=1)

@@ -25,6 +25,7 @@ from jaxbuf import (
     _frames,
     _goals,
     _host_memory,
+    _lowering,
     _precision,
     _sampling,
     _storage,
@@ -211,8 +212,8 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     if k > 1:
         obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k, n)
     else:
-        obs, following_obs = jax.lax.platform_dependent(
-            steps["obs"], envs, starts, following, cpu=_two_reads, default=_one_read
+        obs, following_obs = _lowering.apart_or_together(
+            steps["obs"], envs, starts, following, apart=_two_reads, together=_one_read
         )
         next_obs = _where_rows(ended, final, following_obs)
     transition = Transition(

@@ -64,7 +64,7 @@ class Shape(NamedTuple):
 BASE = Shape(16, 256, 1 << 16, 1 << 16)
 # The shapes users run (Brax, MuJoCo Playground, PureJaxRL scans: thousands of
 # environments, batches of 8k-32k), up to 2**20 stored steps, on both sides of every
-# size switch: `_sampling.SMALL` (64 groups), `_sampling.PAIRS` (1,024 draws).
+# size switch: `_lowering.SMALL` (64 groups), `_lowering.PAIRS` (1,024 draws).
 SCALE = (Shape(1, 1, 1 << 20), Shape(64, 256, 1 << 14), Shape(65, 8192, (1 << 20) // 65),
          Shape(1024, 32768, 1 << 10), Shape(4096, 8192, 1 << 8),
          Shape(4096, 32768, 1 << 8))  # fmt: skip

@@ -11,7 +11,10 @@ import shutil
 import compile_flags
 import jax
 import pytest
+from helpers import accelerators_form
 from skips import skip_holds
+
+from jaxbuf import _lowering
 
 # before JAX starts its CPU backend (at the first array), which reads XLA_FLAGS once
 os.environ["XLA_FLAGS"] = compile_flags.fast_compile(os.environ.get("XLA_FLAGS", ""))
@@ -38,15 +41,11 @@ def variant(request):
 
 @pytest.fixture(params=["cpu path", "accelerator path"])
 def platform_path(request, monkeypatch):
-    """Runs a test twice on this CPU: with the CPU paths, and with the paths that
-    `jax.lax.platform_dependent` picks where a program is lowered for a GPU or TPU
-    (its `default=` branch), so both are checked against the same references."""
+    """Runs a test twice on this CPU: with the CPU's forms, and with the forms that
+    the lowering seam (`jaxbuf._lowering.choose`) picks where a program is lowered for
+    a GPU or TPU, so both are checked against the same references."""
     if request.param == "accelerator path":
-
-        def default_branch(*args, default, **branches):
-            return default(*args)
-
-        monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
+        monkeypatch.setattr(_lowering, "choose", accelerators_form)
     return request.param
 
 

@@ -546,16 +546,17 @@ def host() -> None:
     import numpy as np
 
     import jaxbuf
+    from jaxbuf import _lowering
 
     if getattr(getattr(jax, "memory", None), "Space", None) is None:
         print("ok host (skipped: no memory spaces in this JAX)")
         return
     mesh = jax.make_mesh((4,), ("data",))
     example = {"obs": jnp.zeros((6, 5), jnp.uint8), "reward": jnp.float32(0)}
-    platform_dependent = jax.lax.platform_dependent
+    choose = _lowering.choose
     for path in ("cpu", "accelerator"):
-        if path == "accelerator":  # the default= branch, as lowered for a GPU or TPU
-            jax.lax.platform_dependent = lambda *a, default, **_: default(*a)
+        if path == "accelerator":  # the form a program lowered for a GPU or TPU runs
+            _lowering.choose = lambda *a, cpu, accelerator: accelerator(*a)
         for batch in (4, 40):
             found = {}
             for name, hosted in (("host", ("obs",)), ("device", None)):
@@ -574,7 +575,7 @@ def host() -> None:
             for a, b in zip(jax.tree.leaves(found["host"]), jax.tree.leaves(found["device"]),
                             strict=True):  # fmt: skip
                 np.testing.assert_array_equal(a, b)
-    jax.lax.platform_dependent = platform_dependent
+    _lowering.choose = choose
     print("ok host")
 
 

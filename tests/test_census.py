@@ -11,7 +11,7 @@ import pytest
 from census import BRANCH_FREE, COUNTED, GROUPS, PLATFORMS, counts, lowered, markdown, read_markdown
 from census import table as census_table
 
-from jaxbuf import _host_memory, _sampling
+from jaxbuf import _lowering
 
 PAGE = pathlib.Path(__file__).parents[1] / "docs" / "census.md"
 
@@ -110,7 +110,7 @@ def test_at_the_shapes_users_run_host_leaves_move_by_rows(shape):
         for platform, counted in per_platform.items():
             assert counted["whole transfers"] == counted["device gathers/scatters"] == 0, name
             assert counted["while"] == counted["case/if"] == 0, f"{name} on {platform}"
-    if shape.envs > _host_memory.ROW_SLICES:  # final observations: one host scatter, no rows
+    if shape.envs > _lowering.ROW_SLICES:  # final observations: one host scatter, no rows
         step = host["transition n_step=3 frames.add_step"]["cuda"]
         assert step["host gathers/scatters"] == 1 and step["row slices"] == 1, step
     assert census.host_scale_row(shape, host) in scale_page(), "python tests/census.py --scale"
@@ -119,11 +119,9 @@ def test_at_the_shapes_users_run_host_leaves_move_by_rows(shape):
 def test_the_scale_shapes_cross_every_size_switch():
     """Each size-dependent switch is lowered on both of its sides."""
     shapes = census.SCALE
-    for switch, size in (("_sampling.SMALL", lambda s: s.envs),
-                         ("_sampling.PAIRS", lambda s: s.batch),
-                         ("_host_memory.ROW_SLICES", lambda s: s.batch)):  # fmt: skip
-        limit = {"_sampling.SMALL": _sampling.SMALL, "_sampling.PAIRS": _sampling.PAIRS,
-                 "_host_memory.ROW_SLICES": _host_memory.ROW_SLICES}[switch]  # fmt: skip
+    for switch, size in (("SMALL", lambda s: s.envs), ("PAIRS", lambda s: s.batch),
+                         ("ROW_SLICES", lambda s: s.batch)):  # fmt: skip
+        limit = getattr(_lowering, switch)
         assert min(map(size, shapes)) <= limit < max(map(size, shapes)), switch
     assert {s.envs for s in shapes} >= {1, 64, 65, 1024, 4096}
     assert {s.batch for s in shapes} >= {1, 256, 8192, 32768}

@@ -12,7 +12,7 @@ import pytest
 from flax import struct
 
 import jaxbuf
-from jaxbuf import _host_memory, _storage
+from jaxbuf import _host_memory, _lowering
 
 pytestmark = pytest.mark.skipif(
     getattr(getattr(jax, "memory", None), "Space", None) is None,
@@ -42,7 +42,7 @@ def assert_same(a, b) -> None:
 )
 @pytest.mark.parametrize(
     ("capacity", "batch", "sizes"),
-    [(37, 8, (1, 4, 11)), (151, 48, (1, 23, _storage.FEW_ROWS, _storage.FEW_ROWS + 1, 90))],
+    [(37, 8, (1, 4, 11)), (151, 48, (1, 23, _lowering.FEW_ROWS, _lowering.FEW_ROWS + 1, 90))],
     ids=["rows", "blocks"],
 )
 def test_host_placement_equals_device_placement_over_wrap_arounds(
@@ -76,7 +76,7 @@ def test_reads_of_host_rows_take_any_index_shape(platform_path):
     column = jax.device_put(jnp.arange(60, dtype=jnp.int32).reshape(4, 5, 3),
                             jax.memory.Space.Host)  # fmt: skip
     rng = np.random.default_rng(3)
-    for count in (2, _host_memory.ROW_SLICES + 1):  # row slices; a host gather
+    for count in (2, _lowering.ROW_SLICES + 1):  # row slices; a host gather
         envs, times = rng.integers(0, 4, (count, 1)), rng.integers(0, 5, (count, 2))
         rows = jax.jit(_host_memory.read_rows)(column, (jnp.asarray(envs), jnp.asarray(times)))
         expected = np.arange(60).reshape(4, 5, 3)[envs, times]
@@ -141,7 +141,7 @@ def test_transition_buffer_with_host_observations_equals_device(frames, envs, pl
     observations so short (min_episode_length=4) that it overwrites its oldest too. With
     40 environments one step's final observations are more rows than `ROW_SLICES`: the
     accelerator path scatters them on the host, the CPU's writes them in a loop."""
-    assert 3 <= _host_memory.ROW_SLICES < 40
+    assert 3 <= _lowering.ROW_SLICES < 40
 
     def make(**host):
         return jaxbuf.make_transition_buffer(envs, 23, 16, n_step=3, frames=frames,

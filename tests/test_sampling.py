@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from jaxbuf import _sampling
+from jaxbuf import _lowering, _sampling
 
 
 def test_scale_below_is_the_exact_multiply_high():
@@ -128,7 +128,7 @@ def test_locate_finds_group_and_member_on_both_sides_of_every_switch(platform_pa
     groups, runs of them, and every draw at a group's edges."""
     rng = np.random.default_rng(3)
     locate = jax.jit(_sampling.locate)
-    for groups in (1, 3, _sampling.SMALL, _sampling.SMALL + 1, 1024, 4096):
+    for groups in (1, 3, _lowering.SMALL, _lowering.SMALL + 1, 1024, 4096):
         counts = rng.integers(0, 5, groups).astype(np.int32)
         counts[rng.random(groups) < 0.3] = 0  # empty groups, some in runs
         counts[-1] = max(counts[-1], 1)
@@ -148,7 +148,7 @@ def test_repeated_draws_are_found_by_pairs_and_by_sort_alike():
     NumPy's first occurrences, with few distinct values (many repeats) and many."""
     rng = np.random.default_rng(5)
     repeated = jax.jit(_sampling._repeated)
-    for count in (1, _sampling.PAIRS, _sampling.PAIRS + 1, 8192):
+    for count in (1, _lowering.PAIRS, _lowering.PAIRS + 1, 8192):
         for distinct in (3, count, 10 * count):
             draws = rng.integers(0, distinct, count).astype(np.int32)
             first = np.zeros(count, bool)

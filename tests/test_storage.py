@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import accelerators_form
 
 import jaxbuf
-from jaxbuf import _storage
+from jaxbuf import _lowering, _storage
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 7, 10])
@@ -55,10 +56,7 @@ def filled_frames_buffer():
 def test_wide_rows_give_the_same_states_as_the_accelerator_path(monkeypatch):
     cpu = filled_frames_buffer()
 
-    def default_branch(*args, default, **branches):
-        return default(*args)
-
-    monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
+    monkeypatch.setattr(_lowering, "choose", accelerators_form)
     chex.assert_trees_all_equal(filled_frames_buffer(), cpu)
 
 
