@@ -33,7 +33,7 @@ import numpy as np
 from common import interleaved_times, write_results
 
 import jaxbuf
-from jaxbuf import _buffers
+from jaxbuf.core import assembly as _assembly
 
 FRAME = (84, 84)
 COLUMNS = [("part", "part", "{}"), ("variant", "variant", "{}"), ("B", "batch", "{}"),
@@ -193,7 +193,7 @@ def transition(num_envs: int, capacity: int, batch: int, host: bool):
 
 def sample_of(buffer, batch: int) -> Callable:
     """`buffer.sample` drawing `batch` items (the same state serves every batch size)."""
-    return partial(_buffers.sample, buffer.layout, buffer.sampler, batch)
+    return partial(_assembly.sample, buffer.layout, buffer.sampler, batch)
 
 
 def replay_samples(table: Table, capacity: int, repeats: int) -> None:

@@ -108,16 +108,18 @@ def time_buffers(clock: Clock, folder: pathlib.Path) -> None:
     from cleanrl_utils.buffers import ReplayBuffer
 
     import jaxbuf
-    from jaxbuf import _host_calls, _host_loop, _host_stage
+    from jaxbuf.loop import calls as _calls
+    from jaxbuf.loop import host_loop as _host_loop
+    from jaxbuf.loop import stage as _stage
 
     clock.wrap(ReplayBuffer, "add", "buffer")
     clock.wrap(ReplayBuffer, "sample", "buffer")
     clock.wrap(jaxbuf.HostLoop, "add", "buffer")
     clock.wrap(_host_loop.HostLoop, "_checked_leaves", "check the step")
-    clock.wrap(_host_stage.Stage, "put", "copy into the stage")
-    clock.wrap(_host_stage.Stage, "turn", "wait for the call that read the other stage")
-    clock.wrap(_host_calls.Calls, "__call__", "call")
-    clock.wrap(_host_calls, "convert", "deliver the block")
+    clock.wrap(_stage.Stage, "put", "copy into the stage")
+    clock.wrap(_stage.Stage, "turn", "wait for the call that read the other stage")
+    clock.wrap(_calls.Calls, "__call__", "call")
+    clock.wrap(_calls, "convert", "deliver the block")
 
 
 def main() -> None:

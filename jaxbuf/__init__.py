@@ -7,36 +7,9 @@ transition, episode) takes a `sampler` (`uniform` or `prioritized`) and returns
 one `Sample` record.
 """
 
-from jaxbuf._access import take_all
-from jaxbuf._blocks import Blocks, blocks
-from jaxbuf._checkpoint import load_metadata, restore, save
-from jaxbuf._config import buffer_from_config
-from jaxbuf._dataset import DatasetWriter, dataset_to_state, read_dataset
-from jaxbuf._episode import EpisodeRecords, make_episode_buffer
-from jaxbuf._export import export, read_export, stored_items, to_torch
-from jaxbuf._goals import Hindsight, hindsight
-from jaxbuf._host_loop import HostLoop
-from jaxbuf._memory import MemoryReport, memory
-from jaxbuf._mix import mix
-from jaxbuf._prefill import Environment, gymnax_env, prefill
-from jaxbuf._queue import Queue, QueueState, make_queue
-from jaxbuf._rate_limit import RateLimiter, RateLimiterState, sample_to_insert_ratio
-from jaxbuf._replay import from_data, make_replay_buffer
-from jaxbuf._returns import discounted_returns, gae, lambda_returns, n_step_returns
-from jaxbuf._rollout import (
-    STEP_KEYS,
-    RolloutBatch,
-    RolloutBuffer,
-    RolloutBufferState,
-    make_rollout_buffer,
-)
-from jaxbuf._samplers import EpochState, PriorityState, Sampler, epochs, prioritized, uniform
-from jaxbuf._sharding import per_shard, shard
-from jaxbuf._spaces import example_from_space
-from jaxbuf._storage import RingState, TimeRingState
-from jaxbuf._trajectory import make_trajectory_buffer
-from jaxbuf._transition import FinalObservations, make_transition_buffer
-from jaxbuf._types import (
+from jaxbuf._version import __version__ as __version__
+from jaxbuf.core.footprint import MemoryReport, memory
+from jaxbuf.core.records import (
     AddFn,
     Buffer,
     BufferLike,
@@ -47,12 +20,39 @@ from jaxbuf._types import (
     SampleFn,
     Transition,
 )
-from jaxbuf._types import (
+from jaxbuf.core.records import (
     PyTree as PyTree,
 )
-from jaxbuf._vault import read_vault, vault_to_state
-from jaxbuf._vectorize import vectorize
-from jaxbuf._version import __version__ as __version__
+from jaxbuf.core.samplers import EpochState, PriorityState, Sampler, epochs, prioritized, uniform
+from jaxbuf.core.storage import RingState, TimeRingState
+from jaxbuf.io.access import take_all
+from jaxbuf.io.checkpoint import load_metadata, restore, save
+from jaxbuf.io.config import buffer_from_config
+from jaxbuf.io.dataset import DatasetWriter, dataset_to_state, read_dataset
+from jaxbuf.io.export import export, read_export, stored_items, to_torch
+from jaxbuf.io.vault import read_vault, vault_to_state
+from jaxbuf.kinds.episode import EpisodeRecords, make_episode_buffer
+from jaxbuf.kinds.queue import Queue, QueueState, make_queue
+from jaxbuf.kinds.replay import from_data, make_replay_buffer
+from jaxbuf.kinds.rollout import (
+    STEP_KEYS,
+    RolloutBatch,
+    RolloutBuffer,
+    RolloutBufferState,
+    make_rollout_buffer,
+)
+from jaxbuf.kinds.trajectory import make_trajectory_buffer
+from jaxbuf.kinds.transition import FinalObservations, make_transition_buffer
+from jaxbuf.loop.host_loop import HostLoop
+from jaxbuf.options.goals import Hindsight, hindsight
+from jaxbuf.rl.prefill import Environment, gymnax_env, prefill
+from jaxbuf.rl.rate_limit import RateLimiter, RateLimiterState, sample_to_insert_ratio
+from jaxbuf.rl.returns import discounted_returns, gae, lambda_returns, n_step_returns
+from jaxbuf.rl.spaces import example_from_space
+from jaxbuf.transforms.blocks import Blocks, blocks
+from jaxbuf.transforms.mix import mix
+from jaxbuf.transforms.sharding import per_shard, shard
+from jaxbuf.transforms.vectorize import vectorize
 
 __all__ = [
     "STEP_KEYS",

@@ -60,9 +60,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _memory, _precision, _sampling, _storage, _validation
-from jaxbuf._storage import TimeRingState
-from jaxbuf._types import PyTree
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import footprint as _footprint
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import PyTree
+from jaxbuf.core.storage import TimeRingState
+from jaxbuf.options import precision as _precision
 
 NEXT = "next_observation"
 
@@ -185,7 +189,7 @@ class BraxReplay:
             return BraxReplayState(TimeRingState(experience=experience, **_storage.counters()),
                                    pending, key, jnp.zeros((), jnp.int32))  # fmt: skip
 
-        _memory.refuse_unfit(allocate, self.spec, lambda state: state.steps.experience)
+        _footprint.refuse_unfit(allocate, self.spec, lambda state: state.steps.experience)
         return allocate()
 
     def check_can_insert(self, buffer_state: Any, samples: Any, shards: int) -> None:
@@ -376,7 +380,7 @@ def _draw(state: BraxReplayState, key: jax.Array, count: int) -> tuple[PyTree, P
     steps = state.steps
     num_envs, capacity = jax.tree.leaves(steps.experience)[0].shape[:2]
     size = steps.size
-    draws = _sampling.uniform_indices(key, size * num_envs, count)
+    draws = _draws.uniform_indices(key, size * num_envs, count)
     env, age = draws // jnp.maximum(size, 1), draws % jnp.maximum(size, 1)
     row = (steps.position - size + age) % capacity
     stored = _storage.read(steps.experience, env, row)

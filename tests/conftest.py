@@ -14,7 +14,7 @@ import pytest
 from helpers import accelerators_form
 from skips import skip_holds
 
-from jaxbuf import _lowering
+from jaxbuf.core import lowering as _lowering
 
 # before JAX starts its CPU backend (at the first array), which reads XLA_FLAGS once
 os.environ["XLA_FLAGS"] = compile_flags.fast_compile(os.environ.get("XLA_FLAGS", ""))
@@ -42,7 +42,7 @@ def variant(request):
 @pytest.fixture(params=["cpu path", "accelerator path"])
 def platform_path(request, monkeypatch):
     """Runs a test twice on this CPU: with the CPU's forms, and with the forms that
-    the lowering seam (`jaxbuf._lowering.choose`) picks where a program is lowered for
+    the lowering seam (`jaxbuf.core.lowering.choose`) picks where a program is lowered for
     a GPU or TPU, so both are checked against the same references."""
     if request.param == "accelerator path":
         monkeypatch.setattr(_lowering, "choose", accelerators_form)

@@ -7,15 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import items
 
 import jaxbuf
 
 EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros(2)}
-
-
-def items(ids):
-    ids = jnp.asarray(ids, jnp.int32)
-    return {"id": ids, "obs": jnp.stack([ids, -ids], -1).astype(jnp.float32)}
 
 
 def transition_steps(ids):

@@ -5,7 +5,8 @@ import math
 import jax
 import numpy as np
 
-from jaxbuf import _binary64, _limbs
+from jaxbuf.rl import binary64 as _binary64
+from jaxbuf.rl import limbs as _limbs
 
 N = 6000
 

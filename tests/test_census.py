@@ -11,7 +11,7 @@ import pytest
 from census import BRANCH_FREE, COUNTED, GROUPS, PLATFORMS, counts, lowered, markdown, read_markdown
 from census import table as census_table
 
-from jaxbuf import _lowering
+from jaxbuf.core import lowering as _lowering
 
 PAGE = pathlib.Path(__file__).parents[1] / "docs" / "census.md"
 

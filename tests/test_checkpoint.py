@@ -19,7 +19,8 @@ from flax import serialization, struct
 from reference import prioritized_replay, prioritized_trajectory
 
 import jaxbuf
-from jaxbuf import _checkpoint, _checkpoint_leaves
+from jaxbuf.io import checkpoint as _checkpoint
+from jaxbuf.io import checkpoint_leaves as _checkpoint_leaves
 
 EXAMPLE = {"obs": jnp.zeros(3), "action": jnp.int32(0), "done": jnp.bool_(False)}
 STEP = {

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxbuf
-from jaxbuf import _checkpoint
+from jaxbuf.io import checkpoint as _checkpoint
 
 KILLS = 6  # per target; each starts a fresh process
 CAPACITY = 2**16

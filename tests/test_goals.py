@@ -14,7 +14,7 @@ import pytest
 from reference import add_size, env_time
 
 import jaxbuf
-from jaxbuf import _goals
+from jaxbuf.options import goals as _goals
 
 NUM_ENVS, CAPACITY = 3, 12
 OBS = {"achieved_goal": jnp.int32(0), "desired_goal": jnp.int32(0)}

@@ -178,7 +178,7 @@ def test_delivery_options_are_checked():
 
 
 def test_a_buffer_stored_on_one_device_feeds_a_learner_on_another():
-    worker = pathlib.Path(__file__).with_name("host_device_worker.py")
+    worker = pathlib.Path(__file__).parent / "workers" / "host_device.py"
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     done = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True,
                           timeout=240, env=env)  # fmt: skip

@@ -10,9 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from helpers import assert_same
 
 import jaxbuf
-from jaxbuf import _host_memory, _lowering
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.options import host_memory as _host_memory
 
 pytestmark = pytest.mark.skipif(
     getattr(getattr(jax, "memory", None), "Space", None) is None,
@@ -29,12 +32,6 @@ def random_items(rng, count: int) -> dict:
 
 def memory_kind(leaf) -> str:
     return leaf.sharding.memory_kind
-
-
-def assert_same(a, b) -> None:
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b),
-                            strict=True):  # fmt: skip
-        assert np.array_equal(np.asarray(x), np.asarray(y)), jax.tree_util.keystr(path)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +75,7 @@ def test_reads_of_host_rows_take_any_index_shape(platform_path):
     rng = np.random.default_rng(3)
     for count in (2, _lowering.ROW_SLICES + 1):  # row slices; a host gather
         envs, times = rng.integers(0, 4, (count, 1)), rng.integers(0, 5, (count, 2))
-        rows = jax.jit(_host_memory.read_rows)(column, (jnp.asarray(envs), jnp.asarray(times)))
+        rows = jax.jit(_hosted.read_rows)(column, (jnp.asarray(envs), jnp.asarray(times)))
         expected = np.arange(60).reshape(4, 5, 3)[envs, times]
         assert np.array_equal(rows, expected) and memory_kind(rows) == "device"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxbuf
-from jaxbuf._samplers import PRIORITY_RANGE
+from jaxbuf.core.samplers import PRIORITY_RANGE
 
 MAX_INT32 = 2**31 - 1
 
@@ -209,7 +209,7 @@ jax.tree_util.register_pytree_with_keys(
 
 def test_two_leaves_that_would_share_a_column_raise():
     with pytest.raises(ValueError, match="both become the column '1'"):
-        jaxbuf.stored_items(jaxbuf._storage.RingState(
+        jaxbuf.stored_items(jaxbuf.core.storage.RingState(
             experience=_Twice(jnp.zeros(2), jnp.zeros(2)), position=jnp.int32(0),
             size=jnp.int32(2), added=jnp.uint32(2)))  # fmt: skip
 

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import accelerators_form
+from helpers import accelerators_form, assert_same
 
 import jaxbuf
-from jaxbuf import _lowering
+from jaxbuf.core import lowering as _lowering
 
 STEP = {"obs": jnp.zeros(2), "done": jnp.bool_(False)}
 GOAL_STEP = {"achieved": jnp.zeros(2), "desired": jnp.zeros(2), "reward": jnp.float32(0),
@@ -70,13 +70,6 @@ def random_data(rng, example, lead):
     if isinstance(data, jaxbuf.Transition):  # never both ends at once
         data = data.replace(truncated=data.truncated & ~data.terminated)
     return data
-
-
-def assert_same(a, b, what):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x, y = jax.random.key_data(x), jax.random.key_data(y)
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=what)
 
 
 def sample_fn(buffer):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxbuf
-from jaxbuf import _memory
+from jaxbuf.core import footprint as _footprint
 
 OBS = jnp.zeros(128, jnp.float32)
 STEP = jaxbuf.Transition(OBS, jnp.int32(0), jnp.float32(0), jnp.bool_(False), jnp.bool_(False),
@@ -44,7 +44,7 @@ def test_a_transition_buffer_holds_about_one_observation_per_stored_step(min_epi
 def test_init_refuses_a_state_the_device_cannot_hold_before_allocating(monkeypatch):
     buffer = jaxbuf.make_transition_buffer(64, 10_000, 256)
     report = jaxbuf.memory(buffer, STEP)
-    monkeypatch.setattr(_memory, "device_free_bytes", lambda device=None: report.total - 1)
+    monkeypatch.setattr(_footprint, "device_free_bytes", lambda device=None: report.total - 1)
     before = len(jax.live_arrays())
     with pytest.raises(
         ValueError,
@@ -53,12 +53,12 @@ def test_init_refuses_a_state_the_device_cannot_hold_before_allocating(monkeypat
     ):
         buffer.init(STEP)
     assert len(jax.live_arrays()) == before  # nothing was allocated
-    monkeypatch.setattr(_memory, "device_free_bytes", lambda device=None: report.total)
+    monkeypatch.setattr(_footprint, "device_free_bytes", lambda device=None: report.total)
     assert jax.tree.leaves(buffer.init(STEP))[0].shape[0] == 64  # exactly enough fits
 
 
 def test_free_bytes_of_this_cpu_is_its_memory():
-    free = _memory.device_free_bytes()
+    free = _footprint.device_free_bytes()
     assert free is not None and free > 2**30
 
 
@@ -108,12 +108,12 @@ ROLLOUT_STEP = {"obs": jnp.zeros(64), "reward": jnp.float32(0), "value": jnp.flo
     ids=["queue", "rollout", "brax"],
 )
 def test_every_kind_refuses_a_state_that_does_not_fit(make, monkeypatch):
-    monkeypatch.setattr(_memory, "device_free_bytes", lambda device=None: 10_000)
+    monkeypatch.setattr(_footprint, "device_free_bytes", lambda device=None: 10_000)
     before = len(jax.live_arrays())
     with pytest.raises(ValueError, match=r"the buffer's state needs .* Nothing was allocated"):
         make()
     assert len(jax.live_arrays()) == before
-    monkeypatch.setattr(_memory, "device_free_bytes", lambda device=None: 2**40)
+    monkeypatch.setattr(_footprint, "device_free_bytes", lambda device=None: 2**40)
     assert jax.tree.leaves(make())
 
 
@@ -122,7 +122,7 @@ def test_host_bytes_count_on_a_cpu_whose_memories_are_one(monkeypatch):
     buffer = jaxbuf.make_replay_buffer(1000, 4, host_memory=("obs",))
     report = jaxbuf.memory(buffer, HUGE)
     assert 0 < report.host < report.total and report.device < report.total
-    monkeypatch.setattr(_memory, "device_free_bytes", lambda device=None: report.device + 1)
+    monkeypatch.setattr(_footprint, "device_free_bytes", lambda device=None: report.device + 1)
     with pytest.raises(ValueError, match="the buffer's state needs"):
         buffer.init(HUGE)
 
@@ -138,9 +138,9 @@ class FakeDevice:
 
 
 def test_free_bytes_are_the_limit_less_what_is_in_use():
-    assert _memory.device_free_bytes(FakeDevice({"bytes_limit": 100, "bytes_in_use": 60})) == 40
-    assert _memory.device_free_bytes(FakeDevice({"bytes_limit": 100})) == 100
-    assert _memory.device_free_bytes(FakeDevice(None)) is None
+    assert _footprint.device_free_bytes(FakeDevice({"bytes_limit": 100, "bytes_in_use": 60})) == 40
+    assert _footprint.device_free_bytes(FakeDevice({"bytes_limit": 100})) == 100
+    assert _footprint.device_free_bytes(FakeDevice(None)) is None
 
 
 def test_stored_steps_come_from_the_leaf_with_fewest_dimensions():

@@ -8,17 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import items
 from reference import prioritized_replay, rejects_and_keeps_state
 from scipy import stats
 
-from jaxbuf import _sumtree, _sumtree_blocks
+from jaxbuf.core.sumtree import blocks as _sumtree_blocks
+from jaxbuf.core.sumtree import tree as _sumtree
 
 EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros(2)}
-
-
-def items(ids):
-    ids = np.asarray(ids, np.int32)
-    return {"id": ids, "obs": np.stack([ids, -ids], -1).astype(np.float32)}
 
 
 class Reference:

@@ -13,7 +13,7 @@ from test_transition import EXAMPLE as TRANSITION
 from test_transition import Environments
 from test_transition import Reference as TransitionReference
 
-from jaxbuf import _sumtree
+from jaxbuf.core.sumtree import tree as _sumtree
 
 
 class Priorities:

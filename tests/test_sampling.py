@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from jaxbuf import _lowering, _sampling
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import lowering as _lowering
 
 
 def test_scale_below_is_the_exact_multiply_high():
@@ -15,7 +16,7 @@ def test_scale_below_is_the_exact_multiply_high():
     bounds = rng.integers(0, 2**31, size=5000, dtype=np.uint64)
     bounds[:4] = [2**31 - 1, 1, 2**31 - 1, 3]
     expected = (words * bounds) >> np.uint64(32)
-    got = jax.jit(_sampling.scale_below)(
+    got = jax.jit(_draws.scale_below)(
         jnp.asarray(words.astype(np.uint32)), jnp.asarray(bounds.astype(np.int32))
     )
     np.testing.assert_array_equal(np.asarray(got), expected.astype(np.int64))
@@ -23,7 +24,7 @@ def test_scale_below_is_the_exact_multiply_high():
 
 def draws(n: int, count: int, num_keys: int) -> np.ndarray:
     keys = jax.random.split(jax.random.key(11), num_keys)
-    sample = jax.jit(jax.vmap(_sampling.uniform_indices, in_axes=(0, None, None)), static_argnums=2)
+    sample = jax.jit(jax.vmap(_draws.uniform_indices, in_axes=(0, None, None)), static_argnums=2)
     return np.asarray(sample(keys, jnp.int32(n), count))
 
 
@@ -44,10 +45,10 @@ def test_draws_are_pairwise_independent_within_and_across_batches():
 
 
 def test_draws_depend_only_on_the_key_and_work_with_raw_keys():
-    typed = _sampling.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
-    again = _sampling.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
-    raw = _sampling.uniform_indices(jax.random.PRNGKey(3), jnp.int32(100), 8)
-    other = _sampling.uniform_indices(jax.random.key(4), jnp.int32(100), 8)
+    typed = _draws.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
+    again = _draws.uniform_indices(jax.random.key(3), jnp.int32(100), 8)
+    raw = _draws.uniform_indices(jax.random.PRNGKey(3), jnp.int32(100), 8)
+    other = _draws.uniform_indices(jax.random.key(4), jnp.int32(100), 8)
     np.testing.assert_array_equal(typed, again)
     np.testing.assert_array_equal(typed, raw)
     assert not np.array_equal(typed, other)
@@ -69,8 +70,8 @@ def test_floyd_by_pointer_doubling_takes_the_steps_the_loop_takes():
     step-by-step Floyd: the same picks, with populations from the batch size (every step may
     collide, long chains) to far larger, and batches of 1 to 300."""
     rng = np.random.default_rng(0)
-    loop = jax.jit(_sampling._floyd_in_loop)
-    doubling = jax.jit(_sampling._floyd_by_doubling)
+    loop = jax.jit(_draws._floyd_in_loop)
+    doubling = jax.jit(_draws._floyd_by_doubling)
     chains = 0
     for count in (1, 2, 3, 17, 64, 256, 300, 1500):
         for population in {count, count + 1, 2 * count, 50 * count}:
@@ -101,7 +102,7 @@ def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
     (which need every round of doubling) and, for small batches, every possible draw.
     Against Floyd's steps in Python (the previous test holds the CPU's loop to them too):
     one compiled program per batch size, not two."""
-    doubling = jax.jit(_sampling._floyd_by_doubling)
+    doubling = jax.jit(_draws._floyd_by_doubling)
     around = [n + d for n in (32, 64, 128, 256, 1024) for d in (-1, 0, 1)]
     for count in [*range(1, 21), *around, 2048]:
         for population in (count, count + 3):
@@ -110,8 +111,8 @@ def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
             expected = floyd_reference(draws, tops)
             np.testing.assert_array_equal(doubling(jnp.int32(population), draws, tops), expected)
             assert np.sum(np.asarray(expected) != np.asarray(draws)) == max(count - 1, 0)
-    all_loop = jax.jit(jax.vmap(_sampling._floyd_in_loop, in_axes=(0, None)))
-    all_doubling = jax.jit(jax.vmap(_sampling._floyd_by_doubling, in_axes=(None, 0, None)))
+    all_loop = jax.jit(jax.vmap(_draws._floyd_in_loop, in_axes=(0, None)))
+    all_doubling = jax.jit(jax.vmap(_draws._floyd_by_doubling, in_axes=(None, 0, None)))
     for count in range(1, 7):
         for population in (count, count + 2):
             tops = population - count + np.arange(count, dtype=np.int32)
@@ -127,7 +128,7 @@ def test_locate_finds_group_and_member_on_both_sides_of_every_switch(platform_pa
     below, a binary search above: a loop on CPU, unrolled on accelerators), with empty
     groups, runs of them, and every draw at a group's edges."""
     rng = np.random.default_rng(3)
-    locate = jax.jit(_sampling.locate)
+    locate = jax.jit(_draws.locate)
     for groups in (1, 3, _lowering.SMALL, _lowering.SMALL + 1, 1024, 4096):
         counts = rng.integers(0, 5, groups).astype(np.int32)
         counts[rng.random(groups) < 0.3] = 0  # empty groups, some in runs
@@ -147,7 +148,7 @@ def test_repeated_draws_are_found_by_pairs_and_by_sort_alike():
     """`_repeated` compares every pair up to 1,024 draws and sorts above: both against
     NumPy's first occurrences, with few distinct values (many repeats) and many."""
     rng = np.random.default_rng(5)
-    repeated = jax.jit(_sampling._repeated)
+    repeated = jax.jit(_draws._repeated)
     for count in (1, _lowering.PAIRS, _lowering.PAIRS + 1, 8192):
         for distinct in (3, count, 10 * count):
             draws = rng.integers(0, distinct, count).astype(np.int32)

@@ -1,6 +1,6 @@
 """Sharded buffers: 4 simulated devices, and two processes joined by jax.distributed.
 
-The checks live in `sharding_worker.py`, run here in fresh processes because the
+The checks live in `workers/sharding.py`, run here in fresh processes because the
 number of CPU devices is fixed when JAX starts.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 import jaxbuf
 
-WORKER = pathlib.Path(__file__).with_name("sharding_worker.py")
+WORKER = pathlib.Path(__file__).parent / "workers" / "sharding.py"
 TIMEOUT = 240
 
 

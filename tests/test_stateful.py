@@ -247,7 +247,7 @@ class BufferMachine(RuleBasedStateMachine):
         tree = self.state.sampler.tree
         assert np.isfinite(float(tree.total)) and float(tree.total) >= 0
         slots = jnp.arange(self.buffer.layout.num_slots)
-        leaves = np.asarray(jaxbuf._sumtree.leaves(tree, slots))
+        leaves = np.asarray(jaxbuf.core.sumtree.tree.leaves(tree, slots))
         usable = np.asarray(self.buffer.layout.usable(self.state, slots))
         assert not (leaves > 0)[~usable].any()  # only drawable slots carry mass
 

@@ -9,7 +9,8 @@ import pytest
 from helpers import accelerators_form
 
 import jaxbuf
-from jaxbuf import _lowering, _storage
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import storage as _storage
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 7, 10])

@@ -180,7 +180,7 @@ def test_64_bit_numpy_leaves_come_back_as_they_were_saved(tmp_path):
 
 
 def test_a_large_64_bit_numpy_leaf_is_read_in_chunks_exactly(tmp_path, monkeypatch):
-    from jaxbuf import _checkpoint
+    from jaxbuf.io import checkpoint as _checkpoint
 
     monkeypatch.setattr(_checkpoint, "CHUNK_BYTES", 64)
     saved = {"t": np.arange(2**40, 2**40 + 100, dtype=np.int64).reshape(50, 2)}

@@ -22,10 +22,21 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _lowering, _memory, _storage, _validation
-from jaxbuf._goals import Relabeling
-from jaxbuf._samplers import Changes, Drawn, Sampler
-from jaxbuf._types import Buffer, Config, PyTree, Sample
+from jaxbuf.core import footprint as _footprint
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer, Config, PyTree, Sample
+from jaxbuf.core.samplers import Changes, Drawn, Sampler
+
+
+class Relabeling(NamedTuple):
+    """Goal relabeling as a layout applies it at sample time (the goals option makes
+    one): `choose(state, where, key) -> goal_source` and
+    `apply(state, where, experience, goal_source) -> experience`."""
+
+    choose: Callable[[Any, Any, jax.Array], jax.Array]
+    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
 
 
 class Layout(NamedTuple):
@@ -69,7 +80,7 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
         return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
 
     # the example is closed over, not abstracted: the layout's own checks name its leaves
-    _memory.refuse_unfit(lambda: allocate(example), example)
+    _footprint.refuse_unfit(lambda: allocate(example), example)
     return allocate(example)
 
 

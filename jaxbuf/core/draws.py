@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxbuf import _lowering
+from jaxbuf.core import lowering as _lowering
 
 _GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive counters
 

@@ -24,8 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbuf import _host_memory
-from jaxbuf._types import PyTree
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core.records import PyTree
 
 GIB = 2**30
 _DESCRIBING = contextvars.ContextVar("jaxbuf_describing", default=False)
@@ -148,7 +148,7 @@ def report(state: Any, example: PyTree, stored: Any = None) -> MemoryReport:
         for path, leaf in flat
     }
     host = sum(leaves[jax.tree_util.keystr(path)] for path, leaf in flat
-               if _host_memory.on_host(leaf))  # fmt: skip
+               if _hosted.on_host(leaf))  # fmt: skip
     # every item leaf is stored behind the same leading axes: the fewest dimensions
     # of a stored leaf less the fewest of an item leaf is their number
     storage = state.experience if stored is None else stored(state)

@@ -21,8 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _lowering, _sampling, _sumtree, _validation
-from jaxbuf._types import Config, PyTree, _Record
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Config, PyTree, _Record
+from jaxbuf.core.sumtree import tree as _sumtree
 
 
 class PriorityState(struct.PyTreeNode):
@@ -108,24 +111,24 @@ def uniform(replacement: bool = True) -> Sampler:
       [0, 1, 2, 3]
     """
     replacement = _validation.check_bool("replacement", replacement)
-    pick = _sampling.uniform_indices if replacement else _sampling.distinct_indices
+    pick = _draws.uniform_indices if replacement else _draws.distinct_indices
 
     def draw(layout, state, key, count: int) -> Drawn:
         counts = layout.counts(state)
         # The total as the last running sum: with `counts.sum()` instead, XLA fused the
         # index hash into the group search and ran it once per group (2.5x slower).
-        ends = _sampling.running_sum(counts) if counts.ndim else None
+        ends = _draws.running_sum(counts) if counts.ndim else None
         total = counts * layout.groups if ends is None else ends[-1]
         if layout.groups == 1:
             group, member = jnp.zeros((count,), jnp.int32), pick(key, total, count)
         elif counts.ndim == 0 and replacement:  # equal groups: no division (slow on CPU)
-            words = _sampling.random_words(key, 2 * count)
-            group = _sampling.scale_below(words[:count], jnp.int32(layout.groups))
-            member = _sampling.scale_below(words[count:], counts)
+            words = _draws.random_words(key, 2 * count)
+            group = _draws.scale_below(words[:count], jnp.int32(layout.groups))
+            member = _draws.scale_below(words[count:], counts)
         elif counts.ndim == 0:
             group, member = jnp.divmod(pick(key, total, count), jnp.maximum(counts, 1))
         else:
-            group, member = _sampling.locate(pick(key, total, count), counts, ends)
+            group, member = _draws.locate(pick(key, total, count), counts, ends)
         where = layout.slot(state, group, member)
         return Drawn(layout.flatten(where), where, jnp.broadcast_to(total > 0, (count,)))
 
@@ -284,7 +287,7 @@ def _draw_in_proportion(
     slots `j` of positive priority."""
     beta = jnp.asarray(beta, jnp.float32)
     beta = jnp.where(jnp.isnan(beta), 1.0, jnp.clip(beta, 0.0, 1.0))
-    words = _sampling.random_words(key, count)
+    words = _draws.random_words(key, count)
     uniform = (words >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # [0, 1)
     if stratified:  # one draw in each of `count` equal segments of the mass
         uniform = (jnp.arange(count, dtype=jnp.float32) + uniform) / count

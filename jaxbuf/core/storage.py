@@ -14,8 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _host_memory, _lowering, _sampling, _validation
-from jaxbuf._types import PyTree
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import PyTree
 
 # A bool scalar that lets a write happen (None: always).
 Gate = jax.Array | None
@@ -162,7 +165,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
         return column.at[rows].set(values, unique_indices=True, mode=mode)
 
     def put(column: jax.Array, values: jax.Array) -> jax.Array:
-        if _host_memory.on_host(column):  # slices only; accelerators: two windows
+        if _hosted.on_host(column):  # slices only; accelerators: two windows
             return _write_host(column, values, position, where)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < _lowering.WIDE_ROW:
             return scatter(column, values)
@@ -177,7 +180,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
 def _write_host(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
     """`write` of one host-memory leaf: row by row on CPU (up to `_lowering.FEW_ROWS` rows),
     else as two windows."""
-    rows = functools.partial(_write_rows, column, _host_memory.to_host(values))
+    rows = functools.partial(_write_rows, column, _hosted.to_host(values))
     windows = functools.partial(_write_slices, column, values)
     cpu = rows if values.shape[0] <= _lowering.FEW_ROWS else windows
     return _lowering.copies_or_scatter(position, where, copies=cpu, scatter=windows)
@@ -186,13 +189,13 @@ def _write_host(column: jax.Array, values: jax.Array, position: jax.Array, where
 @_write_host.def_vmap
 def _write_host_batched(size: int, batched: tuple, column, values, position, where):
     """`_write_host` of stacked buffers (`vectorize`): their rows written one by one."""
-    column, values, position, where = _host_memory.stacked(size, batched, column, values,
+    column, values, position, where = _hosted.stacked(size, batched, column, values,
                                                            position, where)  # fmt: skip
     count, capacity = values.shape[1], column.shape[1]
     rows = (position[:, None] + jnp.arange(count, dtype=jnp.int32)[None, :]) % capacity
     valid = jnp.broadcast_to(True if where is None else where[:, None], rows.shape)
     buffers = jnp.arange(size, dtype=jnp.int32)[:, None]
-    return _host_memory.write_at(column, (buffers, rows), values, valid), True
+    return _hosted.write_at(column, (buffers, rows), values, valid), True
 
 
 def _write_rows(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
@@ -221,12 +224,12 @@ def _write_slices(column: jax.Array, values: jax.Array, position: jax.Array, whe
     j = jnp.arange(batch, dtype=jnp.int32).reshape(-1, *[1] * (values.ndim - 1))
     allowed = True if where is None else where
 
-    hosted = _host_memory.on_host(column)  # windows move: out to merge, back to write
+    hosted = _hosted.on_host(column)  # windows move: out to merge, back to write
 
     def update(column: jax.Array, at: jax.Array, new: jax.Array) -> jax.Array:
         old = jax.lax.dynamic_slice_in_dim(column, at, batch)
-        merged = jnp.where(new & allowed, rolled, _host_memory.to_device(old) if hosted else old)
-        merged = _host_memory.to_host(merged) if hosted else merged
+        merged = jnp.where(new & allowed, rolled, _hosted.to_device(old) if hosted else old)
+        merged = _hosted.to_host(merged) if hosted else merged
         return jax.lax.dynamic_update_slice_in_dim(column, merged, at, axis=0)
 
     column = update(column, jnp.int32(0), j < shift)
@@ -245,8 +248,8 @@ def read(experience: PyTree, *indices: jax.Array) -> PyTree:
     """Gathers `experience[indices]` (all in bounds) from every leaf."""
 
     def one(leaf: jax.Array) -> jax.Array:
-        if _host_memory.on_host(leaf):  # row slices into device memory, never a gather
-            return _host_memory.read_rows(leaf, indices)
+        if _hosted.on_host(leaf):  # row slices into device memory, never a gather
+            return _hosted.read_rows(leaf, indices)
         return leaf.at[indices].get(mode="promise_in_bounds")
 
     return jax.tree.map(one, experience)
@@ -304,7 +307,7 @@ def append_steps(state: TimeRingState, steps: PyTree, where: Gate = None) -> Tim
 def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate = None) -> PyTree:
     """`write` of `T` steps per row into time-major rings (leaves `[N, capacity, ...]`
     and `[N, T, ...]`), at the same `position` of every row."""
-    if any(_host_memory.on_host(ring) for ring in jax.tree.leaves(rings)):  # leaf by leaf
+    if any(_hosted.on_host(ring) for ring in jax.tree.leaves(rings)):  # leaf by leaf
         return jax.tree.map(functools.partial(_write_leaf_times, position=position, where=where),
                             rings, steps)  # fmt: skip
     if jax.tree_util.tree_leaves(steps)[0].shape[1] > 1:
@@ -316,8 +319,8 @@ def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate =
 
 def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, where: Gate):
     """`write_times` of one leaf, which may live in host memory."""
-    if _host_memory.on_host(ring):
-        return _host_memory.write_steps(ring, steps, position, where)
+    if _hosted.on_host(ring):
+        return _hosted.write_steps(ring, steps, position, where)
     return write_times(ring, position, steps, where)
 
 
@@ -372,15 +375,15 @@ def push_where(
       each appended value went to (meaningless where `mask` is false).
     """
     k = jax.tree_util.tree_leaves(rings)[0].shape[1]
-    rank = _sampling.running_sum(mask, axis=1) - 1
+    rank = _draws.running_sum(mask, axis=1) - 1
     count = rank[:, -1] + 1
     slots = (next_slot[:, None] + rank) % k
     rows = jnp.where(mask & (rank >= count[:, None] - k), slots, k)  # k: out of bounds, dropped
     envs = jnp.arange(mask.shape[0], dtype=jnp.int32)[:, None]
 
     def push(ring: jax.Array, v: jax.Array) -> jax.Array:
-        if _host_memory.on_host(ring):  # row writes, never a scatter
-            return _host_memory.write_at(ring, (envs, jnp.minimum(rows, k - 1)), v, rows < k)
+        if _hosted.on_host(ring):  # row writes, never a scatter
+            return _hosted.write_at(ring, (envs, jnp.minimum(rows, k - 1)), v, rows < k)
         return ring.at[envs, rows].set(v, mode="drop")
 
     rings = jax.tree.map(push, rings, values)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf._types import PyTree
+from jaxbuf.core.records import PyTree
 
 # Largest count an int32 counter holds; buffers index storage with int32.
 MAX_INT32 = int(np.iinfo(np.int32).max)

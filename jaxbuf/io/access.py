@@ -7,8 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _validation
-from jaxbuf._types import PyTree
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import PyTree
 
 
 def take_all(state: Any, num_minibatches: int | None = None) -> PyTree:

@@ -43,9 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jaxbuf import _checkpoint_leaves, _host_memory
-from jaxbuf._types import Config
 from jaxbuf._version import __version__
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core.records import Config
+from jaxbuf.io import checkpoint_leaves as _checkpoint_leaves
+from jaxbuf.options import host_memory as _host_memory
 
 FORMAT = "jaxbuf-checkpoint"
 FORMAT_VERSION = 2
@@ -515,13 +517,13 @@ def _put_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _put_host_rows(array: jax.Array, rows: jax.Array, start: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_update_slice_in_dim(array, _host_memory.to_host(rows), start, 0)
+    return jax.lax.dynamic_update_slice_in_dim(array, _hosted.to_host(rows), start, 0)
 
 
 def _read_host_leaf(reading: _Reading, shape: tuple) -> jax.Array:
     """A leaf kept in host memory (`host_memory=`): zeros made there, then its rows
     written chunk by chunk (each chunk alone crosses to the device and back)."""
-    array = _host_memory.zeros(shape, reading.want)
+    array = _hosted.zeros(shape, reading.want)
     row_bytes = reading.saved.itemsize * int(np.prod(shape[1:], dtype=np.int64))
     rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
     for start in range(0, shape[0], rows):

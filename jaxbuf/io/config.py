@@ -9,16 +9,16 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from jaxbuf._buffers import DoneKey
-from jaxbuf._episode import make_episode_buffer
-from jaxbuf._goals import hindsight
-from jaxbuf._queue import make_queue
-from jaxbuf._replay import make_replay_buffer
-from jaxbuf._rollout import make_rollout_buffer
-from jaxbuf._samplers import epochs, prioritized, uniform
-from jaxbuf._trajectory import make_trajectory_buffer
-from jaxbuf._transition import make_transition_buffer
-from jaxbuf._vectorize import vectorize
+from jaxbuf.core.assembly import DoneKey
+from jaxbuf.core.samplers import epochs, prioritized, uniform
+from jaxbuf.kinds.episode import make_episode_buffer
+from jaxbuf.kinds.queue import make_queue
+from jaxbuf.kinds.replay import make_replay_buffer
+from jaxbuf.kinds.rollout import make_rollout_buffer
+from jaxbuf.kinds.trajectory import make_trajectory_buffer
+from jaxbuf.kinds.transition import make_transition_buffer
+from jaxbuf.options.goals import hindsight
+from jaxbuf.transforms.vectorize import vectorize
 
 #: The factory of each `kind` a configuration can name (`buffer.config.kind`).
 FACTORIES = {

@@ -23,12 +23,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _checkpoint, _export, _replay, _storage, _sumtree, _validation
-from jaxbuf._episode import EpisodeRecords
-from jaxbuf._samplers import PriorityState
-from jaxbuf._storage import RingState, TimeRingState
-from jaxbuf._transition import FinalObservations
-from jaxbuf._types import Buffer
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer
+from jaxbuf.core.samplers import PriorityState
+from jaxbuf.core.storage import RingState, TimeRingState
+from jaxbuf.core.sumtree import tree as _sumtree
+from jaxbuf.io import checkpoint as _checkpoint
+from jaxbuf.io import export as _export
+from jaxbuf.kinds import replay as _replay
+from jaxbuf.kinds.episode import EpisodeRecords
+from jaxbuf.kinds.transition import FinalObservations
 
 INDEX = "dataset.json"
 FORMAT = "jaxbuf-dataset"

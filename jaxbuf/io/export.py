@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf._types import PyTree
+from jaxbuf.core.records import PyTree
 
 # Columns that exports and datasets add beside the user's leaves.
 LABELS = ("buffer", "row", "env", "time", "advantage", "return", "final_obs", "priority_leaf")

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _replay, _storage
-from jaxbuf._types import Buffer, PyTree
+from jaxbuf.core import storage as _storage
+from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.kinds import replay as _replay
 
 SUPPORTED_MAJOR = 1  # Flashbax writes version 1.2; og-marl's Vaults are 1.x too
 

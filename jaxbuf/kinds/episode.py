@@ -16,19 +16,17 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import (
-    _buffers,
-    _frames,
-    _goals,
-    _host_memory,
-    _sampling,
-    _storage,
-    _trajectory,
-    _validation,
-)
-from jaxbuf._samplers import Changes, Sampler, uniform
-from jaxbuf._storage import TimeRingState
-from jaxbuf._types import Buffer, PyTree
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.storage import TimeRingState
+from jaxbuf.kinds import trajectory as _trajectory
+from jaxbuf.options import frames as _frames
+from jaxbuf.options import goals as _goals
+from jaxbuf.options import host_memory as _host_memory
 
 
 class EpisodeRecords(struct.PyTreeNode):
@@ -143,7 +141,7 @@ def _changes(before: EpisodeRecords, after: EpisodeRecords, pushed, written: int
 
 def _oldest_record(records: EpisodeRecords, envs: jax.Array) -> jax.Array:
     """The slot (unwrapped) of the oldest record of each of `envs` `[B]`."""
-    return _sampling.take_small(records.position - records.size, envs)
+    return _draws.take_small(records.position - records.size, envs)
 
 
 def _writer(num_envs: int, capacity: int, done_fn):
@@ -188,7 +186,7 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     envs, slot = where
     records = state.side
     age = (state.added - records.first_step[envs, slot]).astype(jnp.int32)
-    times = _buffers.window_times((state.position - age) % capacity, max_length, capacity)
+    times = _assembly.window_times((state.position - age) % capacity, max_length, capacity)
     length = records.length[envs, slot]
     mask = jnp.arange(max_length, dtype=jnp.int32)[None, :] < length[:, None]
 
@@ -202,21 +200,21 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     return jax.tree.map(zero_padding, experience), mask, length
 
 
-def _layout(config: dict, done_fn, frames: dict, goals) -> _buffers.Layout:
+def _layout(config: dict, done_fn, frames: dict, goals) -> _assembly.Layout:
     num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
     k = math.ceil(capacity / min_episode_length)
 
     def slot(state, env, member):
         return env, (_oldest_record(state.side, env) + member) % k
 
-    place, flatten = _buffers.splitter(k)
+    place, flatten = _assembly.splitter(k)
 
     def usable(state, slots):
         envs, slot = _storage.split(slots, k)
         rank = (slot - _oldest_record(state.side, envs)) % k
-        return rank < _sampling.take_small(state.side.size, envs)
+        return rank < _draws.take_small(state.side.size, envs)
 
-    return _buffers.Layout(
+    return _assembly.Layout(
         init=_init(num_envs, capacity, k, frames, goals),
         write=_writer(num_envs, capacity, done_fn),
         num_slots=num_envs * k,
@@ -273,7 +271,7 @@ def make_episode_buffer(
       min_episode_length: the shortest episode expected, sizing the records.
       frames: `{leaf name: k}`: each step's leaf comes stacked over its last `k`
         steps, `[B, max_length, k, ...]`, the episode's first frame standing in
-        for steps before it (see `jaxbuf._frames`); storage keeps one frame per step.
+        for steps before it (see `jaxbuf.options.frames`); storage keeps one frame per step.
       goals: `jaxbuf.hindsight(reward_fn, ...)`: each step of a sampled episode
         gets, with probability `ratio`, a goal achieved in the same episode as its
         desired goal, and its reward (and termination) recomputed; the paths name
@@ -306,7 +304,7 @@ def make_episode_buffer(
     )
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-    sampler = _buffers.check_sampler(sampler)
+    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
     _check_goals(goals, stacks)
     hosted = _host_memory.check_names(host_memory)
@@ -314,9 +312,9 @@ def make_episode_buffer(
         raise ValueError("host_memory and goals cannot be combined: goal relabeling reads "
                          "stored goals with gathers, which host memory refuses; keep the "
                          "observations in device memory.")  # fmt: skip
-    return _buffers.assemble(
+    return _assembly.assemble(
         _host_memory.hosted_layout(_layout(config, done_fn, stacks, goals), hosted), sampler,
-        config["sample_batch_size"], kind="episode", **config, **_buffers.done_config(done_fn),
+        config["sample_batch_size"], kind="episode", **config, **_assembly.done_config(done_fn),
         frames=stacks or None, goals=None if goals is None else goals.config,
         **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _memory, _storage, _validation
-from jaxbuf._types import Config, PyTree, Sample, _Record
+from jaxbuf.core import footprint as _footprint
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Config, PyTree, Sample, _Record
 
 
 class QueueState(struct.PyTreeNode):
@@ -74,7 +76,7 @@ def _init(capacity: int, example: PyTree) -> QueueState:
         experience = _storage.allocate(spec, capacity)
         return QueueState(experience=experience, **_storage.counters(), dropped=jnp.int32(0))
 
-    _memory.refuse_unfit(allocate, spec)
+    _footprint.refuse_unfit(allocate, spec)
     return allocate()
 
 

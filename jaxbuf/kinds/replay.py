@@ -7,13 +7,17 @@ from typing import Any
 
 import jax
 
-from jaxbuf import _buffers, _host_memory, _precision, _storage, _validation
-from jaxbuf._samplers import Changes, Sampler, uniform
-from jaxbuf._storage import RingState
-from jaxbuf._types import Buffer, PyTree
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.storage import RingState
+from jaxbuf.options import host_memory as _host_memory
+from jaxbuf.options import precision as _precision
 
 
-def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
+def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _assembly.Layout:
     def init(example: PyTree) -> RingState:
         spec = _validation.item_spec(example)
         return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
@@ -25,7 +29,7 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
         state, rows = _storage.append(state, items, where)
         return state, Changes(cleared=None, filled=rows)
 
-    return _buffers.Layout(
+    return _assembly.Layout(
         init=init,
         write=write,
         num_slots=capacity,
@@ -35,8 +39,8 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _buffers.Layout:
         usable=lambda state, rows: (rows >= 0) & (rows < state.size),
         expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
         ready=lambda state, slots=None: state.size >= min_size,
-        place=_buffers.identity,
-        flatten=_buffers.identity,
+        place=_assembly.identity,
+        flatten=_assembly.identity,
         steps_axis=0,
     )
 
@@ -63,7 +67,7 @@ def make_replay_buffer(
         keeping the newest `capacity` of them.
       storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves stored in 2 bytes
         (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
-        opt-in (see `jaxbuf._precision`: rounding to nearest, a clamp at the
+        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
         storage dtype's range, never an inf from a finite value). Each name
         covers its own top-level leaf: items with `obs` and `next_obs` name both.
       host_memory: `("obs",)`: top-level item leaves allocated in the device's
@@ -93,7 +97,7 @@ def make_replay_buffer(
     capacity = _validation.check_int("capacity", capacity, maximum=_storage.MAX_CAPACITY)
     sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
     min_size = _validation.check_int("min_size", min_size)
-    sampler = _buffers.check_sampler(sampler)
+    sampler = _assembly.check_sampler(sampler)
     truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
     narrow = _precision.check_storage_dtypes(storage_dtypes)
     hosted = _host_memory.check_names(host_memory)
@@ -107,7 +111,7 @@ def make_replay_buffer(
             "without replacement can never be distinct."
         )
     layout = _precision.narrowed_layout(_layout(capacity, min_size, truncate_ok), narrow)
-    return _buffers.assemble(
+    return _assembly.assemble(
         _host_memory.hosted_layout(layout, hosted), sampler, sample_batch_size, kind="replay",
         capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
         truncate_ok=truncate_ok, **({"storage_dtypes": narrow} if narrow else {}),

@@ -12,8 +12,12 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from jaxbuf import _buffers, _memory, _returns, _storage, _validation
-from jaxbuf._types import Config, PyTree, _Record
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import footprint as _footprint
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Config, PyTree, _Record
+from jaxbuf.rl import returns as _returns
 
 
 class _StepKeys(dict):
@@ -216,7 +220,7 @@ def make_rollout_buffer(
     if config.num_steps * config.num_envs > _validation.MAX_INT32:
         raise ValueError("num_steps * num_envs must fit in int32.")
     functions = (init, add, finish, minibatches, clear)
-    return RolloutBuffer(*(_buffers.bind(fn, config) for fn in functions), config=config)
+    return RolloutBuffer(*(_assembly.bind(fn, config) for fn in functions), config=config)
 
 
 def init(config: Config, example_step: PyTree) -> RolloutBufferState:
@@ -237,7 +241,7 @@ def init(config: Config, example_step: PyTree) -> RolloutBufferState:
             returns=jnp.zeros(shape, dtype),
         )
 
-    _memory.refuse_unfit(allocate, spec)
+    _footprint.refuse_unfit(allocate, spec)
     return allocate()
 
 

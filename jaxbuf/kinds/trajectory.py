@@ -7,10 +7,15 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _buffers, _frames, _host_memory, _sampling, _storage, _validation
-from jaxbuf._samplers import Changes, Sampler, uniform
-from jaxbuf._storage import TimeRingState
-from jaxbuf._types import Buffer, PyTree
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.storage import TimeRingState
+from jaxbuf.options import frames as _frames
+from jaxbuf.options import host_memory as _host_memory
 
 
 def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size):
@@ -86,13 +91,13 @@ def init_steps(num_envs: int, capacity: int) -> Callable:
     return init
 
 
-def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
+def _layout(config: dict, done_fn, frames: dict) -> _assembly.Layout:
     num_envs, capacity, _, length, period, min_size = config.values()
     write_steps = step_writer(num_envs, capacity)
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
         after, written = write_steps(state, steps, where)
-        return after, _buffers.span_changes(state, after, written, length, period)
+        return after, _assembly.span_changes(state, after, written, length, period)
 
     def slot(state, env, member):
         first, _ = first_start(state, length, period)
@@ -102,7 +107,7 @@ def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
         envs, starts = where
         experience, mask = windows(state.experience, envs, starts, length, done_fn)
         if frames:  # each window step's stack: [B, L, k, ...]
-            times = _buffers.window_times(starts, length, capacity)
+            times = _assembly.window_times(starts, length, capacity)
             done_at = _frames.done_of(state, done_fn)
             experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
                                              done_at)  # fmt: skip
@@ -112,16 +117,16 @@ def _layout(config: dict, done_fn, frames: dict) -> _buffers.Layout:
         _frames.check_leaves(frames, example_step, "the example step")
         return init_steps(num_envs, capacity)(example_step)
 
-    place, flatten = _buffers.splitter(capacity)
+    place, flatten = _assembly.splitter(capacity)
 
-    return _buffers.Layout(
+    return _assembly.Layout(
         init=init,
         write=write,
         num_slots=num_envs * capacity,
         groups=num_envs,
         counts=lambda state: first_start(state, length, period)[1],
         slot=slot,
-        usable=lambda state, slots: _buffers.valid_start(state, slots % capacity, length, period),
+        usable=lambda state, slots: _assembly.valid_start(state, slots % capacity, length, period),
         expand=expand,
         ready=lambda state, slots=None: state.size >= min_size,
         place=place,
@@ -153,7 +158,7 @@ def windows(
 ) -> tuple[PyTree, jax.Array | None]:
     """The `length` steps from each (env, start) `[B]`, wrapping around the storage,
     and the episode mask (None without `done_fn`)."""
-    times = _buffers.window_times(starts, length, _storage.capacity_of(experience, 1))
+    times = _assembly.window_times(starts, length, _storage.capacity_of(experience, 1))
     experience = _storage.read(experience, envs[:, None], times)
     mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
     return experience, mask
@@ -162,7 +167,7 @@ def windows(
 def episode_mask(done: jax.Array) -> jax.Array:
     """True up to and including the first true of each row of `done` `[batch, L]`."""
     done = done.astype(jnp.int32)
-    return (_sampling.running_sum(done, axis=1) - done) == 0
+    return (_draws.running_sum(done, axis=1) - done) == 0
 
 
 def make_trajectory_buffer(
@@ -193,7 +198,7 @@ def make_trajectory_buffer(
       done_fn: `done_fn(step) -> bool scalar` for one step (no batch axes); when
         given, samples carry a `mask` that ends at the first episode end.
       frames: `{leaf name: k}`: each sampled step's leaf comes stacked over its
-        last `k` steps, `[B, L, k, ...]` (see `jaxbuf._frames`; episode starts
+        last `k` steps, `[B, L, k, ...]` (see `jaxbuf.options.frames`; episode starts
         come from `done_fn`, without it only the oldest stored step limits a
         stack); storage keeps one frame per step.
       host_memory: `("obs",)`: step leaves allocated in the device's
@@ -223,12 +228,12 @@ def make_trajectory_buffer(
     config = _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size)
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-    sampler = _buffers.check_sampler(sampler)
+    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
     hosted = _host_memory.check_names(host_memory)
-    return _buffers.assemble(
+    return _assembly.assemble(
         _host_memory.hosted_layout(_layout(config, done_fn, stacks), hosted), sampler,
         config["sample_batch_size"], kind="trajectory", **config,
-        **_buffers.done_config(done_fn), frames=stacks or None,
+        **_assembly.done_config(done_fn), frames=stacks or None,
         **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip

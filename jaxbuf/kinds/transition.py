@@ -20,21 +20,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import (
-    _buffers,
-    _frames,
-    _goals,
-    _host_memory,
-    _lowering,
-    _precision,
-    _sampling,
-    _storage,
-    _trajectory,
-    _validation,
-)
-from jaxbuf._samplers import Sampler, uniform
-from jaxbuf._storage import TimeRingState
-from jaxbuf._types import Buffer, PyTree, Transition
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Buffer, PyTree, Transition
+from jaxbuf.core.samplers import Sampler, uniform
+from jaxbuf.core.storage import TimeRingState
+from jaxbuf.kinds import trajectory as _trajectory
+from jaxbuf.options import frames as _frames
+from jaxbuf.options import goals as _goals
+from jaxbuf.options import host_memory as _host_memory
+from jaxbuf.options import precision as _precision
 
 STORED = ("obs", "action", "reward", "terminated", "truncated")
 
@@ -150,7 +148,7 @@ def _write_final(side: FinalObservations, position, added, steps: Transition, ca
     newest = pushed - 1
     old_slot = (side.position - side.size + newest) % k
     old_number = jnp.take_along_axis(side.added_at, old_slot[:, None], axis=1)[:, 0]
-    rank = _sampling.running_sum(done, axis=1) - 1
+    rank = _draws.running_sum(done, axis=1) - 1
     new_index = jnp.argmax(done & (rank == (newest - side.size)[:, None]), axis=1)
     new_number = jnp.take_along_axis(numbers, new_index[:, None], axis=1)[:, 0]
     number = jnp.where(newest < side.size, old_number, new_number)
@@ -191,7 +189,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     stacks of `k` frames."""
     steps, side = state.experience, state.side
     capacity = side.slot_of.shape[1]
-    times = _buffers.window_times(starts, n, capacity)
+    times = _assembly.window_times(starts, n, capacity)
     reward, terminated, truncated = (
         jnp.asarray(_storage.read(steps[name], envs[:, None], times))
         for name in ("reward", "terminated", "truncated")
@@ -200,7 +198,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     length = used.sum(axis=1, dtype=jnp.int32)
     last = length - 1
     end_terminated, end_truncated, last_time = (
-        _sampling.take_columns(x, last) for x in (terminated, truncated, times)
+        _draws.take_columns(x, last) for x in (terminated, truncated, times)
     )
     powers = jnp.asarray(np.power(discount, np.arange(n + 1)), reward.dtype)
     ended = end_terminated | end_truncated
@@ -223,7 +221,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
         terminated=end_terminated,
         truncated=end_truncated,
         next_obs=next_obs,
-        discount=jnp.where(end_terminated, 0, _sampling.take_small(powers, length)).astype(
+        discount=jnp.where(end_terminated, 0, _draws.take_small(powers, length)).astype(
             reward.dtype
         ),
     )
@@ -324,7 +322,7 @@ def _writer(num_envs: int, capacity: int, span: int):
         after = _storage.append_steps(state, stored, where)
         side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
         length = jax.tree_util.tree_leaves(stored)[0].shape[1]
-        return after.replace(side=side), _buffers.span_changes(state, after, length, span)
+        return after.replace(side=side), _assembly.span_changes(state, after, length, span)
 
     return write
 
@@ -336,7 +334,7 @@ def _one_step(num_envs: int):
     return expand
 
 
-def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _buffers.Layout:
+def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
     num_envs, capacity, _, n, discount, min_episode_length, min_size = config.values()
 
     def counts(state):
@@ -345,22 +343,22 @@ def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _buffers.La
 
     def slot(state, env, member):
         oldest = state.position - state.size
-        return env, (oldest + _sampling.take_small(state.side.stale, env) + member) % capacity
+        return env, (oldest + _draws.take_small(state.side.stale, env) + member) % capacity
 
     def usable(state, slots):
         envs, times = _storage.split(slots, capacity)
         offset = (times - (state.position - state.size)) % capacity
-        stale = _sampling.take_small(state.side.stale, envs)
-        return _buffers.valid_start(state, times, n + 1) & (offset >= stale)
+        stale = _draws.take_small(state.side.stale, envs)
+        return _assembly.valid_start(state, times, n + 1) & (offset >= stale)
 
     def expand(state, where):
         envs, starts = where
         transition, length = n_step_at(state, envs, starts, n, discount, k)
         return transition, None, length
 
-    place, flatten = _buffers.splitter(capacity)
+    place, flatten = _assembly.splitter(capacity)
 
-    return _buffers.Layout(
+    return _assembly.Layout(
         init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length), k, goals),
         write=_writer(num_envs, capacity, n + 1),
         num_slots=num_envs * capacity,
@@ -463,7 +461,7 @@ def make_transition_buffer(
     config = _config(
         num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
-    sampler = _buffers.check_sampler(sampler)
+    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
     _check_goals(goals, config["n_step"], stacks)
     narrow = _precision.check_storage_dtypes(storage_dtypes)
@@ -475,7 +473,7 @@ def make_transition_buffer(
     if narrow and goals is not None:
         raise ValueError("storage_dtypes and goals cannot be combined: the reward function "
                          "reads the stored goals, which must keep their dtype.")  # fmt: skip
-    return _buffers.assemble(
+    return _assembly.assemble(
         _host_memory.hosted_layout(
             _precision.narrowed_layout(
                 _layout(config, stacks.get("obs", 1), goals), _precision.with_next_obs(narrow)

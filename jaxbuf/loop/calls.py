@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _export
-from jaxbuf._blocks import Blocks, single_add
-from jaxbuf._types import Sample
+from jaxbuf.core.records import Sample
+from jaxbuf.io import export as _export
+from jaxbuf.transforms.blocks import Blocks, single_add
 
 OUTPUTS = ("numpy", "torch", "jax")
 

@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _export
-from jaxbuf._blocks import Blocks, blocks
-from jaxbuf._host_calls import OUTPUTS, Calls
-from jaxbuf._host_stage import Stage, leaf_name
-from jaxbuf._queue import Queue
-from jaxbuf._samplers import check_priority_pairs
-from jaxbuf._types import BufferLike, PyTree, Sample
+from jaxbuf.core.records import BufferLike, PyTree, Sample
+from jaxbuf.core.samplers import check_priority_pairs
+from jaxbuf.io import export as _export
+from jaxbuf.kinds.queue import Queue
+from jaxbuf.loop.calls import OUTPUTS, Calls
+from jaxbuf.loop.stage import Stage, leaf_name
+from jaxbuf.transforms.blocks import Blocks, blocks
 
 
 class HostLoop:

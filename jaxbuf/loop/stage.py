@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbuf._types import PyTree
+from jaxbuf.core.records import PyTree
 
 
 class Stage:

@@ -17,8 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _host_memory, _storage, _validation
-from jaxbuf._types import PyTree
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import PyTree
 
 
 def check_frames(frames: Any, capacity: int, allowed: tuple[str, ...] | None = None) -> dict:
@@ -92,8 +94,8 @@ def gather(leaf: jax.Array, envs: jax.Array, times: jax.Array) -> jax.Array:
     One index into the flattened rows: on CPU about 1.5-2x faster than the
     two-index gather for whole frames.
     """
-    if _host_memory.on_host(leaf):  # row slices into device memory, never a gather
-        return _host_memory.read_rows(leaf, (envs, times))
+    if _hosted.on_host(leaf):  # row slices into device memory, never a gather
+        return _hosted.read_rows(leaf, (envs, times))
     rows = leaf.reshape(-1, *leaf.shape[2:])
     return rows.at[envs * leaf.shape[1] + times].get(mode="promise_in_bounds")
 

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _lowering, _sampling, _storage, _validation
-from jaxbuf._types import Config, PyTree, Transition, _Record
+from jaxbuf.core import draws as _draws
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.assembly import Relabeling
+from jaxbuf.core.records import Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -146,14 +150,6 @@ def check_option(goals: Any) -> Hindsight | None:
     return goals
 
 
-class Relabeling(NamedTuple):
-    """A layout's relabeling: `choose(state, where, key) -> goal_source` and
-    `apply(state, where, experience, goal_source) -> experience`."""
-
-    choose: Callable[[Any, Any, jax.Array], jax.Array]
-    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
-
-
 def get(tree: PyTree, path: tuple[str, ...], what: str) -> Any:
     """The subtree at a key path, or a `ValueError` naming the path and `what`."""
     node = tree
@@ -251,8 +247,8 @@ def _episode_span(state: Any, envs: jax.Array, at: jax.Array) -> tuple[jax.Array
     side = state.side
     k = side.added_at.shape[1]
     oldest = state.added - state.size.astype(jnp.uint32)
-    base = _sampling.take_small(side.position - side.size, envs)  # the oldest end's slot
-    size = _sampling.take_small(side.size, envs)
+    base = _draws.take_small(side.position - side.size, envs)  # the oldest end's slot
+    size = _draws.take_small(side.size, envs)
 
     def end_at(rank: jax.Array) -> jax.Array:  # rank `[B]` or `[B, w]`
         rows = (base.reshape(-1, *[1] * (rank.ndim - 1)) + rank) % k
@@ -269,7 +265,7 @@ def _episode_span(state: Any, envs: jax.Array, at: jax.Array) -> tuple[jax.Array
     pair = end_at(jnp.stack([jnp.maximum(low - 1, 0), jnp.minimum(low, k - 1)], axis=1))
     end = jnp.where(low < size, pair[:, 1], state.size - 2)
     previous = jnp.where(low > 0, pair[:, 0] + 1, 0)
-    return jnp.maximum(previous, _sampling.take_small(side.stale, envs)), end
+    return jnp.maximum(previous, _draws.take_small(side.stale, envs)), end
 
 
 def _binary_search(end_at: Callable, size: jax.Array, at: jax.Array, k: int) -> jax.Array:

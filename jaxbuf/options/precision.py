@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf._buffers import Layout
-from jaxbuf._types import PyTree
+from jaxbuf.core.assembly import Layout
+from jaxbuf.core.records import PyTree
 
 NARROW = {"bfloat16": jnp.dtype(jnp.bfloat16), "float16": jnp.dtype(jnp.float16)}
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _limbs
+from jaxbuf.rl import limbs as _limbs
 
 PRECISION = 53  # significant bits
 MIN_EXP = -1074  # the exponent of the smallest subnormal's last bit

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxbuf import _validation
-from jaxbuf._types import PyTree, Transition
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import PyTree, Transition
 
 
 class Environment(NamedTuple):

@@ -40,8 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf import _binary64, _limbs, _validation
-from jaxbuf._types import Config, _Record
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Config, _Record
+from jaxbuf.rl import binary64 as _binary64
+from jaxbuf.rl import limbs as _limbs
 
 
 class RateLimiterState(struct.PyTreeNode):

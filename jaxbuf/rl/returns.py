@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxbuf import _lowering, _validation
-from jaxbuf._validation import check_int
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.validation import check_int
 
 _METHODS = ("auto", "scan", "associative")
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf._types import PyTree
-from jaxbuf._validation import leaf_shape_dtype
+from jaxbuf.core.records import PyTree
+from jaxbuf.core.validation import leaf_shape_dtype
 
 _SUPPORTED = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
 

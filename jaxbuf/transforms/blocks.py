@@ -30,12 +30,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _validation
-from jaxbuf._buffers import Layout
-from jaxbuf._queue import Queue
-from jaxbuf._rollout import RolloutBuffer
-from jaxbuf._samplers import check_priority_pairs
-from jaxbuf._types import Buffer, BufferLike, Config, PyTree, Sample, _Record
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.assembly import Layout
+from jaxbuf.core.records import Buffer, BufferLike, Config, PyTree, Sample, _Record
+from jaxbuf.core.samplers import check_priority_pairs
+from jaxbuf.kinds.queue import Queue
+from jaxbuf.kinds.rollout import RolloutBuffer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf import _validation
-from jaxbuf._types import Sample
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import Sample
 
 
 def _counts(proportions: Sequence[float] | np.ndarray, total: int) -> list[int]:

@@ -25,8 +25,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxbuf import _host_memory, _memory, _validation
-from jaxbuf._types import _Record
+from jaxbuf.core import footprint as _footprint
+from jaxbuf.core import hosted as _hosted
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.records import _Record
 
 
 class _Role(NamedTuple):
@@ -246,14 +248,14 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
     def init(example: Any) -> Any:
         """The buffer's empty state for `example`, stacked on a leading shard axis `[S,
         ...]` split over the mesh axis (the rest of its docstring is the buffer's)."""
-        shapes = _memory.shapes(lambda: buffer.init(example))
+        shapes = _footprint.shapes(lambda: buffer.init(example))
 
         def stacked(x: jax.Array, shape: Any) -> jax.Array:
-            if _host_memory.on_host(shape):  # `host_memory=` storage: zeros made there
-                return _host_memory.to_host(jnp.zeros((count, *shape.shape), shape.dtype))
+            if _hosted.on_host(shape):  # `host_memory=` storage: zeros made there
+                return _hosted.to_host(jnp.zeros((count, *shape.shape), shape.dtype))
             return jnp.broadcast_to(x, (count, *x.shape))
 
-        hosted = jax.tree.map(_host_memory.on_host, shapes)
+        hosted = jax.tree.map(_hosted.on_host, shapes)
         shardings = jax.tree.map(
             lambda h: NamedSharding(mesh, P(axis_name), memory_kind="pinned_host" if h else None),
             hosted,

@@ -12,11 +12,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _buffers, _storage, _validation
-from jaxbuf._buffers import Layout
-from jaxbuf._goals import Relabeling
-from jaxbuf._samplers import Changes
-from jaxbuf._types import Buffer, PyTree
+from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import storage as _storage
+from jaxbuf.core import validation as _validation
+from jaxbuf.core.assembly import Layout, Relabeling
+from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.core.samplers import Changes
 
 
 def _inner(state):
@@ -167,7 +168,7 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         "num_buffers", num_buffers, maximum=_validation.MAX_INT32 // num_slots
     )
     config = {k: v for k, v in buffer.config.items() if k != "sampler"}
-    return _buffers.assemble(
+    return _assembly.assemble(
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """A buffer stored on one device feeding a learner on another (two simulated CPUs).
 
 `test_host_delivery.py` runs this file in a fresh process, since the number of
-simulated devices is fixed when JAX starts: `python tests/host_device_worker.py`.
+simulated devices is fixed when JAX starts: `python tests/workers/host_device.py`.
 It raises on a failed check and prints `ok` at the end.
 """
 

@@ -3,15 +3,17 @@
 `test_sharding.py` runs this file in fresh Python processes, since the number of
 (simulated) devices is fixed when JAX starts:
 
-    python tests/sharding_worker.py CASE [PROCESS_ID PORT FOLDER]
+    python tests/workers/sharding.py CASE [PROCESS_ID PORT FOLDER]
 
 Each case raises on a failed check and prints `ok CASE` at the end.
 """
 
 from __future__ import annotations
 
+import pathlib
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))  # tests/: reference.py
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
 
 
@@ -546,7 +548,7 @@ def host() -> None:
     import numpy as np
 
     import jaxbuf
-    from jaxbuf import _lowering
+    from jaxbuf.core import lowering as _lowering
 
     if getattr(getattr(jax, "memory", None), "Space", None) is None:
         print("ok host (skipped: no memory spaces in this JAX)")

@@ -24,7 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _lowering, _sumtree_nodes
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core.sumtree import nodes as _sumtree_nodes
 
 
 def jumps(depth: int, levels: int = _lowering.LEVELS) -> list[int]:

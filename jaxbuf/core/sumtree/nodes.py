@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf import _lowering
+from jaxbuf.core import lowering as _lowering
 
 
 class SumTreeState(struct.PyTreeNode):

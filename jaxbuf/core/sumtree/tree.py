@@ -21,8 +21,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxbuf import _lowering, _sumtree_blocks
-from jaxbuf._sumtree_nodes import (
+from jaxbuf.core import lowering as _lowering
+from jaxbuf.core.sumtree import blocks as _sumtree_blocks
+from jaxbuf.core.sumtree.nodes import (
     SumTreeState,
     depth,
     descend,
