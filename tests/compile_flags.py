@@ -28,7 +28,9 @@ folder of its own (`compilation_cache`), which the worker processes and the proc
 the tests start (the sharding workers, the killed writers, the notebooks' kernels) find
 through the environment; JAX still traces and lowers every program, and the cache is
 keyed on the lowered module, the flags and the versions. About a tenth of the time of
-the files that build many buffers.
+the files that build many buffers. JAX writes an entry in place, so a worker can read one
+the other is still writing: JAX warns and compiles the program itself (pyproject.toml
+lets that warning pass; it is not an error of the code tested).
 """
 
 from __future__ import annotations
