@@ -65,6 +65,42 @@ def test_a_narrow_transition_buffer_samples_what_a_float32_one_fed_rounded_value
     assert state.experience["obs"].dtype == state.side.experience.dtype == NUMPY[name]
 
 
+def done_seen_as_float32(step):
+    """An episode ends where the first value exceeds 1 (1.001 does in float32 and not once
+    rounded to bfloat16); it must see the stored values as float32."""
+    assert step["x"].dtype == jnp.float32, step["x"].dtype
+    return step["x"][0] > 1.0
+
+
+@pytest.mark.parametrize("kind", ["trajectory", "episode"])
+def test_narrow_trajectory_and_episode_buffers_sample_what_float32_ones_fed_rounded_values_do(
+    kind,
+):
+    """Capacity 10 per environment with 6 adds of 4 steps (the rings wrap); values near
+    the episode boundary's threshold, so `done_fn` must see the rounded values."""
+    make = {"trajectory": lambda **o: jaxbuf.make_trajectory_buffer(
+                2, 10, 32, 3, done_fn=done_seen_as_float32, **o),
+            "episode": lambda **o: jaxbuf.make_episode_buffer(
+                2, 10, 32, 4, done_fn=done_seen_as_float32, **o)}[kind]  # fmt: skip
+    narrow, plain = make(storage_dtypes={"x": "bfloat16"}), make()
+    example = {"x": jnp.zeros(3), "t": jnp.int32(0)}
+    state, reference = narrow.init(example), plain.init(example)
+    add, add_plain = jax.jit(narrow.add), jax.jit(plain.add)
+    rng = np.random.default_rng(5)
+    for round_ in range(6):
+        x = rng.choice(np.float32([0.5, 1.001, 1.5, -2.0]), size=(2, 4, 3)).astype(np.float32)
+        t = np.full((2, 4), round_, np.int32)
+        state = add(state, {"x": x, "t": t})
+        reference = add_plain(reference, {"x": rounded(x, "bfloat16"), "t": t})
+        if bool(plain.can_sample(reference)):
+            key = jax.random.key(round_)
+            chex.assert_trees_all_equal(narrow.sample(state, key), plain.sample(reference, key))
+    assert state.experience["x"].dtype == jnp.bfloat16
+    assert dict(narrow.config)["storage_dtypes"] == {"x": "bfloat16"}
+    rebuilt = jaxbuf.buffer_from_config({**dict(narrow.config), "done_fn": done_seen_as_float32})
+    assert rebuilt.init(example).experience["x"].dtype == jnp.bfloat16
+
+
 def test_a_narrow_replay_buffer_and_its_clamp():
     buffer = jaxbuf.make_replay_buffer(5, 16, storage_dtypes={"x": "float16"})
     state = buffer.init({"x": jnp.zeros(2), "id": jnp.int32(0)})

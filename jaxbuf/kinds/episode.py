@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from jaxbuf.kinds import trajectory as _trajectory
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
 from jaxbuf.options import host_memory as _host_memory
+from jaxbuf.options import precision as _precision
 
 
 class EpisodeRecords(struct.PyTreeNode):
@@ -243,6 +245,7 @@ def make_episode_buffer(
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
+    storage_dtypes: Mapping[str, Any] | None = None,
     host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a buffer that samples whole episodes, padded to `max_length` with a mask.
@@ -277,6 +280,11 @@ def make_episode_buffer(
         desired goal, and its reward (and termination) recomputed; the paths name
         leaves of the step (see `jaxbuf.hindsight`). `goal_source` is
         `[B, max_length]`.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 step leaves stored in 2 bytes
+        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
+        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
+        storage dtype's range, never an inf from a finite value; not with `goals`). `done_fn` sees
+        the stored values, as float32.
       host_memory: `("obs",)`: step leaves allocated in the device's
         `pinned_host` memory instead of its own (a buffer larger than the
         accelerator's memory), written and read by row slices inside `add` and
@@ -307,15 +315,21 @@ def make_episode_buffer(
     sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
     _check_goals(goals, stacks)
+    narrow = _precision.check_storage_dtypes(storage_dtypes)
     hosted = _host_memory.check_names(host_memory)
     if hosted and goals is not None:
         raise ValueError("host_memory and goals cannot be combined: goal relabeling reads "
                          "stored goals with gathers, which host memory refuses; keep the "
                          "observations in device memory.")  # fmt: skip
+    if narrow and goals is not None:
+        raise ValueError("storage_dtypes and goals cannot be combined: the reward function "
+                         "reads the stored goals, which must keep their dtype.")  # fmt: skip
+    layout = _layout(config, _precision.seen_as_stored(done_fn, narrow), stacks, goals)
     return _assembly.assemble(
-        _host_memory.hosted_layout(_layout(config, done_fn, stacks, goals), hosted), sampler,
+        _host_memory.hosted_layout(_precision.narrowed_layout(layout, narrow), hosted), sampler,
         config["sample_batch_size"], kind="episode", **config, **_assembly.done_config(done_fn),
         frames=stacks or None, goals=None if goals is None else goals.config,
+        **({"storage_dtypes": narrow} if narrow else {}),
         **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip
 

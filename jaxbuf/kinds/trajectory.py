@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from jaxbuf.core.samplers import Changes, Sampler, uniform
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import host_memory as _host_memory
+from jaxbuf.options import precision as _precision
 
 
 def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size):
@@ -181,6 +183,7 @@ def make_trajectory_buffer(
     done_fn: Callable[[PyTree], jax.Array] | None = None,
     frames: Mapping[str, int] | None = None,
     sampler: Sampler = uniform(),  # a frozen record: one shared default is safe
+    storage_dtypes: Mapping[str, Any] | None = None,
     host_memory: Sequence[str] | None = None,
 ) -> Buffer:
     """Makes a buffer of per-environment trajectories that samples sequences.
@@ -201,6 +204,11 @@ def make_trajectory_buffer(
         last `k` steps, `[B, L, k, ...]` (see `jaxbuf.options.frames`; episode starts
         come from `done_fn`, without it only the oldest stored step limits a
         stack); storage keeps one frame per step.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 step leaves stored in 2 bytes
+        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
+        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
+        storage dtype's range, never an inf from a finite value). `done_fn` sees
+        the stored values, as float32.
       host_memory: `("obs",)`: step leaves allocated in the device's
         `pinned_host` memory instead of its own (a buffer larger than the
         accelerator's memory), written and read by row slices inside `add` and
@@ -230,10 +238,13 @@ def make_trajectory_buffer(
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config["capacity"])
+    narrow = _precision.check_storage_dtypes(storage_dtypes)
     hosted = _host_memory.check_names(host_memory)
+    layout = _layout(config, _precision.seen_as_stored(done_fn, narrow), stacks)
     return _assembly.assemble(
-        _host_memory.hosted_layout(_layout(config, done_fn, stacks), hosted), sampler,
+        _host_memory.hosted_layout(_precision.narrowed_layout(layout, narrow), hosted), sampler,
         config["sample_batch_size"], kind="trajectory", **config,
         **_assembly.done_config(done_fn), frames=stacks or None,
+        **({"storage_dtypes": narrow} if narrow else {}),
         **({"host_memory": hosted} if hosted else {}),
     )  # fmt: skip

@@ -194,6 +194,15 @@ def spec(example: PyTree, dtypes: dict[str, str]) -> PyTree:
     return jax.tree_util.tree_map_with_path(one, example)
 
 
+def seen_as_stored(done_fn: Any, dtypes: dict[str, str]) -> Any:
+    """`done_fn` of a step as the buffer stores it, given the step in storage dtypes:
+    it sees the narrowed leaves as float32 again (a float32 buffer fed rounded values
+    sees the same)."""
+    if not dtypes or done_fn is None:
+        return done_fn
+    return lambda step: done_fn(restore(step, dtypes))
+
+
 def narrowed_layout(layout: Layout, dtypes: dict[str, str]) -> Layout:
     """`layout` storing the named leaves in their storage dtypes: `init` checks the
     example and allocates them narrow, `write` and `one_step` store, `expand`
