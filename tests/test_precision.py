@@ -171,6 +171,10 @@ def test_blocks_and_vectorize_take_narrow_buffers():
             2, 8, 2, storage_dtypes={"obs": "float16"},
             goals=jaxbuf.hindsight(lambda a, d: (a == d).astype(jnp.float32))), ValueError,
          "storage_dtypes and goals cannot be combined"),
+        (lambda: jaxbuf.make_episode_buffer(
+            2, 8, 2, 4, done_fn=lambda s: s["done"], storage_dtypes={"obs": "float16"},
+            goals=jaxbuf.hindsight(lambda a, d: (a == d).astype(jnp.float32))), ValueError,
+         "storage_dtypes and goals cannot be combined: the reward function reads"),
         (lambda: (lambda b: b.add(b.init({"x": jnp.zeros(2)}), {"x": jnp.zeros((3, 2),
                                                                 jnp.int32)}))(
             jaxbuf.make_replay_buffer(8, 2, storage_dtypes={"x": "float16"})), TypeError,

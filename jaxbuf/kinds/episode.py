@@ -317,13 +317,7 @@ def make_episode_buffer(
     _check_goals(goals, stacks)
     narrow = _precision.check_storage_dtypes(storage_dtypes)
     hosted = _host_memory.check_names(host_memory)
-    if hosted and goals is not None:
-        raise ValueError("host_memory and goals cannot be combined: goal relabeling reads "
-                         "stored goals with gathers, which host memory refuses; keep the "
-                         "observations in device memory.")  # fmt: skip
-    if narrow and goals is not None:
-        raise ValueError("storage_dtypes and goals cannot be combined: the reward function "
-                         "reads the stored goals, which must keep their dtype.")  # fmt: skip
+    _goals.check_alone(goals, storage_dtypes=narrow, host_memory=hosted)
     layout = _layout(config, _precision.seen_as_stored(done_fn, narrow), stacks, goals)
     return _assembly.assemble(
         _host_memory.hosted_layout(_precision.narrowed_layout(layout, narrow), hosted), sampler,

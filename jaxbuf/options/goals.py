@@ -143,6 +143,18 @@ def hindsight(
     )  # fmt: skip
 
 
+def check_alone(goals: Any, **options: Any) -> None:
+    """Raises where goal relabeling meets an option it cannot be combined with, given
+    (`storage_dtypes`, `host_memory`): both change the stored goals it reads."""
+    why = {"host_memory": "goal relabeling reads stored goals with gathers, which host memory "
+                          "refuses; keep the observations in device memory",
+           "storage_dtypes": "the reward function reads the stored goals, which must keep "
+                             "their dtype"}  # fmt: skip
+    for name, value in options.items():
+        if value and goals is not None:
+            raise ValueError(f"{name} and goals cannot be combined: {why[name]}.")
+
+
 def check_option(goals: Any) -> Hindsight | None:
     """A factory's `goals` argument: None or a `Hindsight`, else a `TypeError`."""
     if goals is not None and not isinstance(goals, Hindsight):
