@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,7 @@ from jaxbuf.core.storage import TimeRingState
 from jaxbuf.kinds import trajectory as _trajectory
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
-from jaxbuf.options import host_memory as _host_memory
-from jaxbuf.options import precision as _precision
+from jaxbuf.options import wrappers as _options
 
 
 class EpisodeRecords(struct.PyTreeNode):
@@ -60,22 +59,39 @@ class EpisodeRecords(struct.PyTreeNode):
     open_start: jax.Array
 
 
-def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes, min_episode_length):
+class Settings(NamedTuple):
+    """An episode buffer's checked arguments (its `config` holds them by name)."""
+
+    num_envs: int
+    capacity: int
+    sample_batch_size: int
+    max_length: int
+    min_episodes: int
+    min_episode_length: int
+
+    @property
+    def records(self) -> int:
+        """`K`, the episode records kept per environment."""
+        return math.ceil(self.capacity / self.min_episode_length)
+
+
+def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes,
+            min_episode_length) -> Settings:  # fmt: skip
     check = _validation.check_int
     capacity = check("capacity", capacity, maximum=_storage.MAX_CAPACITY)
     min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
-    config = {
-        "num_envs": check("num_envs", num_envs),
-        "capacity": capacity,
-        "sample_batch_size": check("sample_batch_size", sample_batch_size),
-        "max_length": check("max_length", max_length, maximum=capacity),
-        "min_episodes": check("min_episodes", min_episodes),
-        "min_episode_length": min_episode_length,
-    }
-    most = config["num_envs"] * math.ceil(capacity / min_episode_length)
-    if config["min_episodes"] > most:
+    config = Settings(
+        num_envs=check("num_envs", num_envs),
+        capacity=capacity,
+        sample_batch_size=check("sample_batch_size", sample_batch_size),
+        max_length=check("max_length", max_length, maximum=capacity),
+        min_episodes=check("min_episodes", min_episodes),
+        min_episode_length=min_episode_length,
+    )
+    most = config.num_envs * config.records
+    if config.min_episodes > most:
         raise ValueError(
-            f"min_episodes={config['min_episodes']} exceeds the most complete episodes the "
+            f"min_episodes={config.min_episodes} exceeds the most complete episodes the "
             f"buffer can hold, num_envs * ceil(capacity / min_episode_length) = {most}."
         )
     return config
@@ -202,9 +218,9 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     return jax.tree.map(zero_padding, experience), mask, length
 
 
-def _layout(config: dict, done_fn, frames: dict, goals) -> _assembly.Layout:
-    num_envs, capacity, _, max_length, min_episodes, min_episode_length = config.values()
-    k = math.ceil(capacity / min_episode_length)
+def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
+    num_envs, capacity, max_length, k = (
+        config.num_envs, config.capacity, config.max_length, config.records)  # fmt: skip
 
     def slot(state, env, member):
         return env, (_oldest_record(state.side, env) + member) % k
@@ -225,7 +241,7 @@ def _layout(config: dict, done_fn, frames: dict, goals) -> _assembly.Layout:
         slot=slot,
         usable=usable,
         expand=lambda state, where: _padded(state, where, max_length, frames, done_fn),
-        ready=lambda state, slots=None: state.side.size.sum() >= min_episodes,
+        ready=lambda state, slots=None: state.side.size.sum() >= config.min_episodes,
         place=place,
         flatten=flatten,
         one_step=_trajectory.one_step(num_envs),
@@ -280,16 +296,12 @@ def make_episode_buffer(
         desired goal, and its reward (and termination) recomputed; the paths name
         leaves of the step (see `jaxbuf.hindsight`). `goal_source` is
         `[B, max_length]`.
-      storage_dtypes: `{"obs": "bfloat16"}`: float32 step leaves stored in 2 bytes
-        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
-        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
-        storage dtype's range, never an inf from a finite value; not with `goals`). `done_fn` sees
-        the stored values, as float32.
-      host_memory: `("obs",)`: step leaves allocated in the device's
-        `pinned_host` memory instead of its own (a buffer larger than the
-        accelerator's memory), written and read by row slices inside `add` and
-        `sample`; everything else stays in device memory. Needs JAX's memory
-        kinds (JAX 0.7+); raises at `make` where the device has none.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves kept in 2 bytes
+        (`"bfloat16"` or `"float16"`), sampled as float32; lossy, opt-in. `done_fn`
+        sees the stored values, as float32; not with `goals`.
+      host_memory: `("obs",)`: leaves kept in the device's `pinned_host`
+        memory (JAX 0.7+). Not with `goals`. Both options are described once,
+        in `jaxbuf.options.wrappers`.
 
     Returns:
       A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
@@ -313,18 +325,14 @@ def make_episode_buffer(
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config["capacity"])
+    stacks = _frames.check_frames(frames, config.capacity)
     _check_goals(goals, stacks)
-    narrow = _precision.check_storage_dtypes(storage_dtypes)
-    hosted = _host_memory.check_names(host_memory)
-    _goals.check_alone(goals, storage_dtypes=narrow, host_memory=hosted)
-    layout = _layout(config, _precision.seen_as_stored(done_fn, narrow), stacks, goals)
+    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
+    layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)
     return _assembly.assemble(
-        _host_memory.hosted_layout(_precision.narrowed_layout(layout, narrow), hosted), sampler,
-        config["sample_batch_size"], kind="episode", **config, **_assembly.done_config(done_fn),
-        frames=stacks or None, goals=None if goals is None else goals.config,
-        **({"storage_dtypes": narrow} if narrow else {}),
-        **({"host_memory": hosted} if hosted else {}),
+        layout, sampler, config.sample_batch_size, kind="episode", **config._asdict(),
+        **_assembly.done_config(done_fn), frames=stacks or None,
+        goals=None if goals is None else goals.config, **options.config(),
     )  # fmt: skip
 
 

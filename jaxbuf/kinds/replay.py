@@ -13,8 +13,7 @@ from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.core.samplers import Changes, Sampler, uniform
 from jaxbuf.core.storage import RingState
-from jaxbuf.options import host_memory as _host_memory
-from jaxbuf.options import precision as _precision
+from jaxbuf.options import wrappers as _options
 
 
 def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _assembly.Layout:
@@ -65,16 +64,12 @@ def make_replay_buffer(
         `jaxbuf.prioritized(...)`, which adds `set_priorities`.
       truncate_ok: whether `add` accepts more than `capacity` items at once,
         keeping the newest `capacity` of them.
-      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves stored in 2 bytes
-        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
-        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
-        storage dtype's range, never an inf from a finite value). Each name
-        covers its own top-level leaf: items with `obs` and `next_obs` name both.
-      host_memory: `("obs",)`: top-level item leaves allocated in the device's
-        `pinned_host` memory instead of its own (a buffer larger than the
-        accelerator's memory), written and read by row slices inside `add` and
-        `sample`; everything else stays in device memory. Needs JAX's memory
-        kinds (JAX 0.7+); raises at `make` where the device has none.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves kept in 2 bytes
+        (`"bfloat16"` or `"float16"`), sampled as float32; lossy, opt-in. Each
+        name covers its own top-level leaf: name `obs` and `next_obs` both.
+      host_memory: `("obs",)`: leaves kept in the device's `pinned_host`
+        memory (JAX 0.7+). Both options are described once, in
+        `jaxbuf.options.wrappers`.
 
     Returns:
       A `Buffer` with `init(example)`, `add(state, items)` with leaves `[B, ...]`,
@@ -99,8 +94,7 @@ def make_replay_buffer(
     min_size = _validation.check_int("min_size", min_size)
     sampler = _assembly.check_sampler(sampler)
     truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
-    narrow = _precision.check_storage_dtypes(storage_dtypes)
-    hosted = _host_memory.check_names(host_memory)
+    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory)
     if min_size > capacity:
         raise ValueError(
             f"min_size={min_size} exceeds capacity={capacity}: can_sample would never be true."
@@ -110,12 +104,11 @@ def make_replay_buffer(
             f"sample_batch_size={sample_batch_size} exceeds capacity={capacity}, so a batch "
             "without replacement can never be distinct."
         )
-    layout = _precision.narrowed_layout(_layout(capacity, min_size, truncate_ok), narrow)
+    layout = _options.wrap(_layout(capacity, min_size, truncate_ok), options)
     return _assembly.assemble(
-        _host_memory.hosted_layout(layout, hosted), sampler, sample_batch_size, kind="replay",
-        capacity=capacity, sample_batch_size=sample_batch_size, min_size=min_size,
-        truncate_ok=truncate_ok, **({"storage_dtypes": narrow} if narrow else {}),
-        **({"host_memory": hosted} if hosted else {}),
+        layout, sampler, sample_batch_size, kind="replay", capacity=capacity,
+        sample_batch_size=sample_batch_size, min_size=min_size, truncate_ok=truncate_ok,
+        **options.config(),
     )  # fmt: skip
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,22 +16,32 @@ from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.core.samplers import Changes, Sampler, uniform
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import frames as _frames
-from jaxbuf.options import host_memory as _host_memory
-from jaxbuf.options import precision as _precision
+from jaxbuf.options import wrappers as _options
 
 
-def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size):
+class Settings(NamedTuple):
+    """A trajectory buffer's checked arguments (its `config` holds them by name)."""
+
+    num_envs: int
+    capacity: int
+    sample_batch_size: int
+    sequence_length: int
+    period: int
+    min_size: int
+
+
+def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size) -> Settings:
     check = _validation.check_int
-    config = {
-        "num_envs": check("num_envs", num_envs),
-        "capacity": check("capacity", capacity, maximum=_storage.MAX_CAPACITY),
-        "sample_batch_size": check("sample_batch_size", sample_batch_size),
-        "sequence_length": check("sequence_length", sequence_length),
-        "period": check("period", period),
-        "min_size": check("min_size", sequence_length if min_size is None else min_size),
-    }
-    num_envs, capacity, _, length, period, min_size = config.values()
-    if num_envs * capacity > _validation.MAX_INT32:
+    config = Settings(
+        num_envs=check("num_envs", num_envs),
+        capacity=check("capacity", capacity, maximum=_storage.MAX_CAPACITY),
+        sample_batch_size=check("sample_batch_size", sample_batch_size),
+        sequence_length=check("sequence_length", sequence_length),
+        period=check("period", period),
+        min_size=check("min_size", sequence_length if min_size is None else min_size),
+    )
+    capacity, length, period = config.capacity, config.sequence_length, config.period
+    if config.num_envs * capacity > _validation.MAX_INT32:
         raise ValueError("num_envs * capacity must fit in int32.")
     if length > capacity:
         raise ValueError(
@@ -43,9 +53,10 @@ def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_
             f"period={period} does not divide capacity={capacity}: sequence "
             "starts would drift as the storage wraps around."
         )
-    if not length <= min_size <= capacity:
+    if not length <= config.min_size <= capacity:
         raise ValueError(
-            f"min_size={min_size} must be in [sequence_length, capacity] = [{length}, {capacity}]."
+            f"min_size={config.min_size} must be in [sequence_length, capacity] = "
+            f"[{length}, {capacity}]."
         )
     return config
 
@@ -93,8 +104,9 @@ def init_steps(num_envs: int, capacity: int) -> Callable:
     return init
 
 
-def _layout(config: dict, done_fn, frames: dict) -> _assembly.Layout:
-    num_envs, capacity, _, length, period, min_size = config.values()
+def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
+    num_envs, capacity, length, period = (
+        config.num_envs, config.capacity, config.sequence_length, config.period)  # fmt: skip
     write_steps = step_writer(num_envs, capacity)
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
@@ -130,7 +142,7 @@ def _layout(config: dict, done_fn, frames: dict) -> _assembly.Layout:
         slot=slot,
         usable=lambda state, slots: _assembly.valid_start(state, slots % capacity, length, period),
         expand=expand,
-        ready=lambda state, slots=None: state.size >= min_size,
+        ready=lambda state, slots=None: state.size >= config.min_size,
         place=place,
         flatten=flatten,
         one_step=one_step(num_envs),
@@ -204,16 +216,12 @@ def make_trajectory_buffer(
         last `k` steps, `[B, L, k, ...]` (see `jaxbuf.options.frames`; episode starts
         come from `done_fn`, without it only the oldest stored step limits a
         stack); storage keeps one frame per step.
-      storage_dtypes: `{"obs": "bfloat16"}`: float32 step leaves stored in 2 bytes
-        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
-        opt-in (see `jaxbuf.options.precision`: rounding to nearest, a clamp at the
-        storage dtype's range, never an inf from a finite value). `done_fn` sees
-        the stored values, as float32.
-      host_memory: `("obs",)`: step leaves allocated in the device's
-        `pinned_host` memory instead of its own (a buffer larger than the
-        accelerator's memory), written and read by row slices inside `add` and
-        `sample`; everything else stays in device memory. Needs JAX's memory
-        kinds (JAX 0.7+); raises at `make` where the device has none.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves kept in 2 bytes
+        (`"bfloat16"` or `"float16"`), sampled as float32; lossy, opt-in. `done_fn`
+        sees the stored values, as float32.
+      host_memory: `("obs",)`: leaves kept in the device's `pinned_host`
+        memory (JAX 0.7+). Both options are described once, in
+        `jaxbuf.options.wrappers`.
 
     Returns:
       A `Buffer` with `init(example_step)`, `add(state, steps)` with leaves
@@ -237,14 +245,10 @@ def make_trajectory_buffer(
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config["capacity"])
-    narrow = _precision.check_storage_dtypes(storage_dtypes)
-    hosted = _host_memory.check_names(host_memory)
-    layout = _layout(config, _precision.seen_as_stored(done_fn, narrow), stacks)
+    stacks = _frames.check_frames(frames, config.capacity)
+    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory)
+    layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks), options)
     return _assembly.assemble(
-        _host_memory.hosted_layout(_precision.narrowed_layout(layout, narrow), hosted), sampler,
-        config["sample_batch_size"], kind="trajectory", **config,
-        **_assembly.done_config(done_fn), frames=stacks or None,
-        **({"storage_dtypes": narrow} if narrow else {}),
-        **({"host_memory": hosted} if hosted else {}),
+        layout, sampler, config.sample_batch_size, kind="trajectory", **config._asdict(),
+        **_assembly.done_config(done_fn), frames=stacks or None, **options.config(),
     )  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +31,7 @@ from jaxbuf.core.storage import TimeRingState
 from jaxbuf.kinds import trajectory as _trajectory
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
-from jaxbuf.options import host_memory as _host_memory
-from jaxbuf.options import precision as _precision
+from jaxbuf.options import wrappers as _options
 
 STORED = ("obs", "action", "reward", "terminated", "truncated")
 
@@ -70,23 +69,36 @@ class FinalObservations(struct.PyTreeNode):
     stale: jax.Array
 
 
-def _config(num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length, min_size):
+class Settings(NamedTuple):
+    """A transition buffer's checked arguments (its `config` holds them by name)."""
+
+    num_envs: int
+    capacity: int
+    sample_batch_size: int
+    n_step: int
+    discount: float
+    min_episode_length: int
+    min_size: int
+
+
+def _config(num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length,
+            min_size) -> Settings:  # fmt: skip
     check = _validation.check_int
     capacity = check("capacity", capacity, minimum=2)
     n_step = check("n_step", n_step, maximum=capacity - 1)
     min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
-    return {
-        "num_envs": check("num_envs", num_envs),
-        "capacity": capacity,
-        "sample_batch_size": check("sample_batch_size", sample_batch_size),
-        "n_step": n_step,
-        "discount": _validation.check_fraction("discount", discount),
-        "min_episode_length": min_episode_length,
-        "min_size": check(
+    return Settings(
+        num_envs=check("num_envs", num_envs),
+        capacity=capacity,
+        sample_batch_size=check("sample_batch_size", sample_batch_size),
+        n_step=n_step,
+        discount=_validation.check_fraction("discount", discount),
+        min_episode_length=min_episode_length,
+        min_size=check(
             "min_size", n_step + 1 if min_size is None else min_size, minimum=n_step + 1,
             maximum=capacity,
         ),
-    }  # fmt: skip
+    )  # fmt: skip
 
 
 def _as_transition(steps: Any, what: str) -> Transition:
@@ -334,8 +346,13 @@ def _one_step(num_envs: int):
     return expand
 
 
-def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
-    num_envs, capacity, _, n, discount, min_episode_length, min_size = config.values()
+def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
+    num_envs, capacity, n, discount = (
+        config.num_envs,
+        config.capacity,
+        config.n_step,
+        config.discount,
+    )
 
     def counts(state):
         """Allowed starts per environment: chronological offsets `[stale, size - n)`."""
@@ -359,7 +376,7 @@ def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _assembly.L
     place, flatten = _assembly.splitter(capacity)
 
     return _assembly.Layout(
-        init=_init(num_envs, capacity, math.ceil(capacity / min_episode_length), k, goals),
+        init=_init(num_envs, capacity, math.ceil(capacity / config.min_episode_length), k, goals),
         write=_writer(num_envs, capacity, n + 1),
         num_slots=num_envs * capacity,
         groups=num_envs,
@@ -367,7 +384,7 @@ def _layout(config: dict, k: int, goals: _goals.Hindsight | None) -> _assembly.L
         slot=slot,
         usable=usable,
         expand=expand,
-        ready=lambda state, slots=None: state.size >= min_size,
+        ready=lambda state, slots=None: state.size >= config.min_size,
         place=place,
         flatten=flatten,
         one_step=_one_step(num_envs),
@@ -424,17 +441,12 @@ def make_transition_buffer(
         episode (see `jaxbuf.hindsight`); the observation must be a dict holding
         the goal leaves. One-step transitions only (`n_step=1`), without `frames`.
       sampler: `jaxbuf.uniform()` (the default) or `jaxbuf.prioritized(...)`.
-      storage_dtypes: `{"obs": "bfloat16"}`: float32 observations (`obs`
-        covers `next_obs`) or other float32 leaves stored in 2 bytes
-        (`"bfloat16"` or `"float16"`) and sampled as float32 again; lossy and
-        opt-in (rounding to nearest, a clamp at the storage dtype's range, never
-        an inf from a finite value; not with `goals`).
-      host_memory: `("obs",)`: stored step leaves allocated in the device's
-        `pinned_host` memory instead of its own (a buffer larger than the
-        accelerator's memory; `obs` takes its final observations along), written
-        and read by row slices inside `add` and `sample`; everything else stays
-        in device memory. Needs JAX's memory kinds (JAX 0.7+); raises at `make`
-        where the device has none.
+      storage_dtypes: `{"obs": "bfloat16"}`: float32 leaves kept in 2 bytes
+        (`"bfloat16"` or `"float16"`), sampled as float32; lossy, opt-in. `obs`
+        covers `next_obs`; not with `goals`.
+      host_memory: `("obs",)`: leaves kept in the device's `pinned_host`
+        memory (JAX 0.7+). `obs` takes the final observations along; not with
+        `goals`. Both options are described once, in `jaxbuf.options.wrappers`.
 
     Returns:
       A `Buffer` with `init(example)` taking one `Transition` (or a dict with its field
@@ -462,28 +474,15 @@ def make_transition_buffer(
         num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config["capacity"], allowed=("obs",))
-    _check_goals(goals, config["n_step"], stacks)
-    narrow = _precision.check_storage_dtypes(storage_dtypes)
-    hosted = _host_memory.check_names(host_memory)
-    _goals.check_alone(goals, storage_dtypes=narrow, host_memory=hosted)
+    stacks = _frames.check_frames(frames, config.capacity, allowed=("obs",))
+    _check_goals(goals, config.n_step, stacks)
+    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
     return _assembly.assemble(
-        _host_memory.hosted_layout(
-            _precision.narrowed_layout(
-                _layout(config, stacks.get("obs", 1), goals), _precision.with_next_obs(narrow)
-            ),
-            hosted,
-            side="obs",
-        ),
-        sampler,
-        config["sample_batch_size"],
-        kind="transition",
-        **config,
-        frames=stacks or None,
-        goals=None if goals is None else goals.config,
-        **({"storage_dtypes": narrow} if narrow else {}),
-        **({"host_memory": hosted} if hosted else {}),
-    )
+        _options.wrap(_layout(config, stacks.get("obs", 1), goals), options, side="obs"),
+        sampler, config.sample_batch_size, kind="transition", **config._asdict(),
+        frames=stacks or None, goals=None if goals is None else goals.config,
+        **options.config(),
+    )  # fmt: skip
 
 
 def _check_goals(goals: _goals.Hindsight | None, n_step: int, frames: dict) -> None:
