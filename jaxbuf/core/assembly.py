@@ -58,8 +58,6 @@ class Layout(NamedTuple):
     # The axis of `add`'s data along which consecutive calls' data follow each other
     # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
     steps_axis: int = 1
-    # Which buffer of a stacked set each drawn slot lies in (`vectorize`); None for one.
-    source: Callable[[jax.Array], jax.Array] | None = None
 
 
 def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
@@ -182,9 +180,8 @@ def _sample(layout: Layout, drawn: Drawn, state: Any, goal_key: jax.Array | None
         experience = layout.goals.apply(state, drawn.where, experience, goal_source)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
-    source = None if layout.source is None else layout.source(drawn.slots)
     return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights,
-                  source, goal_source)  # fmt: skip
+                  goal_source=goal_source)  # fmt: skip
 
 
 def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):
@@ -258,6 +255,14 @@ def set_priorities(layout: Layout, sampler: Sampler, state: Any, indices, priori
     """
     assert sampler.set_priorities is not None
     return sampler.set_priorities(layout, state, indices, priorities)
+
+
+def wrapped(fn: Callable, inner: Callable) -> Callable:
+    """`fn`, a wrapper of `inner`, showing `inner`'s name, docstring and signature."""
+    fn.__name__ = fn.__qualname__ = inner.__name__
+    fn.__doc__ = inner.__doc__
+    fn.__signature__ = inspect.signature(inner)  # type: ignore[attr-defined]
+    return fn
 
 
 def bind(fn: Callable, *bound: Any) -> Callable:

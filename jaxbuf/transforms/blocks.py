@@ -1,7 +1,7 @@
 """Blocks: `k` steps written and `k` batches drawn in one call.
 
 Called from a Python loop, every jitted function costs JAX's price per call
-(about 50 µs on a CPU, more on a GPU machine), whatever it computes; a loop that
+(`docs/python_loop.md` measures it), whatever it computes; a loop that
 adds a step and draws a batch each environment step pays it twice per step. A
 block pays it once per `k` steps: the loop stages `k` steps on the host
 (`jaxbuf.HostLoop` does) and one call writes them and draws the next `k`

@@ -120,8 +120,8 @@ def per_shard(buffer: Any, axis_name: str = "data") -> Any:
             for i, kind in enumerate(role.args[: len(args)]):
                 if kind == "key":
                     args[i] = jax.random.fold_in(args[i], jax.lax.axis_index(axis_name))
-            # A vmap over the block's axis of 1, not a squeeze: with the state
-            # reshaped between an `add` and a `sample`, XLA copied the storage.
+            # A vmap over the block's axis of 1, not a squeeze: a state reshaped
+            # between an `add` and a `sample` makes XLA copy the storage.
             mapped = [0 if kind == "state" else None for kind in role.args[: len(args)]]
             mapped += [None] * (len(args) - len(mapped))
             result = jax.vmap(lambda *a: fn(*a, **kwargs), in_axes=mapped)(*args)

@@ -16,7 +16,7 @@ from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.assembly import Layout, Relabeling
-from jaxbuf.core.records import Buffer, PyTree
+from jaxbuf.core.records import Buffer, PyTree, Sample
 from jaxbuf.core.samplers import Changes
 
 
@@ -100,7 +100,6 @@ def lift(layout: Layout, count: int) -> Layout:
         None if layout.one_step is None else one_step,
         None if layout.goals is None else _lift_goals(layout.goals),
         layout.steps_axis + 1,
-        lambda flat: flat // slots,
     )  # fmt: skip
 
 
@@ -168,7 +167,26 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         "num_buffers", num_buffers, maximum=_validation.MAX_INT32 // num_slots
     )
     config = {k: v for k, v in buffer.config.items() if k != "sampler"}
-    return _assembly.assemble(
+    stacked = _assembly.assemble(
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip
+    return _with_source(stacked, num_slots)
+
+
+def _with_source(buffer: Buffer, slots: int) -> Buffer:
+    """`buffer` whose samples say which buffer each item came from (`source`)."""
+    sample, advance = buffer.sample, buffer.next_batch
+
+    def sourced(state, key, **options) -> Sample:
+        batch = sample(state, key, **options)
+        return batch.replace(source=batch.indices // slots)
+
+    def next_batch(state, key):
+        assert advance is not None
+        state, batch = advance(state, key)
+        return state, batch.replace(source=batch.indices // slots)
+
+    return buffer.replace(sample=_assembly.wrapped(sourced, sample),
+                          next_batch=None if advance is None
+                          else _assembly.wrapped(next_batch, advance))  # fmt: skip
