@@ -39,13 +39,13 @@ def transitions(ids):
 KINDS = {
     "replay": lambda s: jaxbuf.make_replay_buffer(CAPACITY, 8, sampler=s),
     "trajectory": lambda s: jaxbuf.make_trajectory_buffer(
-        NUM_ENVS, CAPACITY, 8, 3, done_fn=jaxbuf.core.assembly.DoneKey("done"), sampler=s
+        NUM_ENVS, CAPACITY, 8, 3, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
     ),
     "transition": lambda s: jaxbuf.make_transition_buffer(
         NUM_ENVS, CAPACITY, 8, n_step=2, discount=0.9, sampler=s
     ),
     "episode": lambda s: jaxbuf.make_episode_buffer(
-        NUM_ENVS, CAPACITY, 8, 6, done_fn=jaxbuf.core.assembly.DoneKey("done"), sampler=s
+        NUM_ENVS, CAPACITY, 8, 6, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
     ),
 }
 SAMPLERS = {"uniform": jaxbuf.uniform, "prioritized": jaxbuf.prioritized}

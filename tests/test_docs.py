@@ -37,7 +37,7 @@ def test_the_check_fails_without_an_example():
 
 def every_buffer():
     """A buffer of every kind, sampler and transform, by name."""
-    done = jaxbuf.core.assembly.DoneKey("done")
+    done = jaxbuf.kinds.trajectory.DoneKey("done")
     mesh = jax.make_mesh((1,), ("data",))
     buffers = {}
     for sampler in (jaxbuf.uniform(), jaxbuf.prioritized()):

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from jaxbuf.core import footprint as _footprint
 from jaxbuf.core import lowering as _lowering
-from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, Config, PyTree, Sample
 from jaxbuf.core.samplers import Changes, Drawn, Sampler
@@ -306,72 +305,3 @@ def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> 
         layout=layout,
         sampler=sampler,
     )
-
-
-def identity(x: Any) -> Any:
-    return x
-
-
-def splitter(size: int) -> tuple[Callable, Callable]:
-    """`(place, flatten)` of slots `outer * size + inner`."""
-    return (lambda slots: _storage.split(slots, size)), (lambda where: where[0] * size + where[1])
-
-
-def window_times(starts: jax.Array, length: int, capacity: int) -> jax.Array:
-    """int32 `[B, length]`: the storage times of the `length` steps from each start."""
-    return (starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]) % capacity
-
-
-def valid_start(state: Any, times: jax.Array, span: int, period: int = 1) -> jax.Array:
-    """Whether storage times `times` start `span` stored, consecutive steps on the
-    `period` grid (never crossing the write position)."""
-    capacity = _storage.capacity_of(state.experience, 1)
-    age = (state.position - 1 - times) % capacity  # 0: the newest step
-    return (times % period == 0) & (age >= span - 1) & (age < state.size)
-
-
-def span_changes(before: Any, after: Any, length: int, span: int, period: int = 1) -> Changes:
-    """Slots `env * capacity + time` after `length` steps were written at
-    `before.position`: the written rows are cleared (they are now the newest
-    steps), and the `length` starts whose `span` the add completed are filled
-    where they are valid starts."""
-    num_envs, capacity = jax.tree_util.tree_leaves(after.experience)[0].shape[:2]
-    base = (jnp.arange(num_envs, dtype=jnp.int32) * capacity)[:, None]
-    j = jnp.arange(length, dtype=jnp.int32)[None, :]
-    completed = (before.position - span + 1 + j) % capacity
-    keep = jnp.broadcast_to(valid_start(after, completed, span, period), (num_envs, length))
-    return Changes(
-        cleared=(base + (before.position + j) % capacity).ravel(),
-        filled=(base + completed).ravel(),
-        keep=keep.ravel(),
-    )
-
-
-class DoneKey:
-    """A `done_fn` that reads the bool leaf at a `/`-separated key path of a step
-    (`"done"`, `"extras/done"`): the file form of a `done_fn` (`done_key`)."""
-
-    def __init__(self, key: str):
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"done_key must be a non-empty string, got {key!r}.")
-        self.key = key
-
-    def __call__(self, step: PyTree) -> jax.Array:
-        for part in self.key.split("/"):
-            try:
-                step = step[part]
-            except (KeyError, TypeError, IndexError):
-                raise ValueError(
-                    f"done_key {self.key!r}: the step has no key {part!r} on that path."
-                ) from None
-        return step
-
-    def __repr__(self) -> str:
-        return f"DoneKey({self.key!r})"
-
-
-def done_config(done_fn: Any) -> dict[str, Any]:
-    """How a `done_fn` appears in a configuration: `done_key` when it is one."""
-    if isinstance(done_fn, DoneKey):
-        return {"done_key": done_fn.key}
-    return {"done_key": None} if done_fn is None else {"done_fn": done_fn}

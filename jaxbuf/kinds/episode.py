@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import storage as _storage
@@ -204,7 +205,7 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     envs, slot = where
     records = state.side
     age = (state.added - records.first_step[envs, slot]).astype(jnp.int32)
-    times = _assembly.window_times((state.position - age) % capacity, max_length, capacity)
+    times = _anchors.window_times((state.position - age) % capacity, max_length, capacity)
     length = records.length[envs, slot]
     mask = jnp.arange(max_length, dtype=jnp.int32)[None, :] < length[:, None]
 
@@ -225,7 +226,7 @@ def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
     def slot(state, env, member):
         return env, (_oldest_record(state.side, env) + member) % k
 
-    place, flatten = _assembly.splitter(k)
+    place, flatten = _anchors.splitter(k)
 
     def usable(state, slots):
         envs, slot = _storage.split(slots, k)
@@ -331,7 +332,7 @@ def make_episode_buffer(
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)
     return _assembly.assemble(
         layout, sampler, config.sample_batch_size, kind="episode", **config._asdict(),
-        **_assembly.done_config(done_fn), frames=stacks or None,
+        **_trajectory.done_config(done_fn), frames=stacks or None,
         goals=None if goals is None else goals.config, **options.config(),
     )  # fmt: skip
 

@@ -38,8 +38,8 @@ def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _assembly.Layout
         usable=lambda state, rows: (rows >= 0) & (rows < state.size),
         expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
         ready=lambda state, slots=None: state.size >= min_size,
-        place=_assembly.identity,
-        flatten=_assembly.identity,
+        place=lambda rows: rows,
+        flatten=lambda rows: rows,
         steps_axis=0,
     )
 

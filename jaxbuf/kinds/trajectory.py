@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import storage as _storage
@@ -111,7 +112,7 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
         after, written = write_steps(state, steps, where)
-        return after, _assembly.span_changes(state, after, written, length, period)
+        return after, _anchors.span_changes(state, after, written, length, period)
 
     def slot(state, env, member):
         first, _ = first_start(state, length, period)
@@ -121,7 +122,7 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
         envs, starts = where
         experience, mask = windows(state.experience, envs, starts, length, done_fn)
         if frames:  # each window step's stack: [B, L, k, ...]
-            times = _assembly.window_times(starts, length, capacity)
+            times = _anchors.window_times(starts, length, capacity)
             done_at = _frames.done_of(state, done_fn)
             experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
                                              done_at)  # fmt: skip
@@ -131,7 +132,7 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
         _frames.check_leaves(frames, example_step, "the example step")
         return init_steps(num_envs, capacity)(example_step)
 
-    place, flatten = _assembly.splitter(capacity)
+    place, flatten = _anchors.splitter(capacity)
 
     return _assembly.Layout(
         init=init,
@@ -140,7 +141,7 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
         groups=num_envs,
         counts=lambda state: first_start(state, length, period)[1],
         slot=slot,
-        usable=lambda state, slots: _assembly.valid_start(state, slots % capacity, length, period),
+        usable=lambda state, slots: _anchors.valid_start(state, slots % capacity, length, period),
         expand=expand,
         ready=lambda state, slots=None: state.size >= config.min_size,
         place=place,
@@ -172,7 +173,7 @@ def windows(
 ) -> tuple[PyTree, jax.Array | None]:
     """The `length` steps from each (env, start) `[B]`, wrapping around the storage,
     and the episode mask (None without `done_fn`)."""
-    times = _assembly.window_times(starts, length, _storage.capacity_of(experience, 1))
+    times = _anchors.window_times(starts, length, _storage.capacity_of(experience, 1))
     experience = _storage.read(experience, envs[:, None], times)
     mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
     return experience, mask
@@ -250,5 +251,35 @@ def make_trajectory_buffer(
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks), options)
     return _assembly.assemble(
         layout, sampler, config.sample_batch_size, kind="trajectory", **config._asdict(),
-        **_assembly.done_config(done_fn), frames=stacks or None, **options.config(),
+        **done_config(done_fn), frames=stacks or None, **options.config(),
     )  # fmt: skip
+
+
+class DoneKey:
+    """A `done_fn` that reads the bool leaf at a `/`-separated key path of a step
+    (`"done"`, `"extras/done"`): the file form of a `done_fn` (`done_key`)."""
+
+    def __init__(self, key: str):
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"done_key must be a non-empty string, got {key!r}.")
+        self.key = key
+
+    def __call__(self, step: PyTree) -> jax.Array:
+        for part in self.key.split("/"):
+            try:
+                step = step[part]
+            except (KeyError, TypeError, IndexError):
+                raise ValueError(
+                    f"done_key {self.key!r}: the step has no key {part!r} on that path."
+                ) from None
+        return step
+
+    def __repr__(self) -> str:
+        return f"DoneKey({self.key!r})"
+
+
+def done_config(done_fn: Any) -> dict[str, Any]:
+    """How a `done_fn` appears in a configuration: `done_key` when it is one."""
+    if isinstance(done_fn, DoneKey):
+        return {"done_key": done_fn.key}
+    return {"done_key": None} if done_fn is None else {"done_fn": done_fn}

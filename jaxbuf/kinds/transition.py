@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
@@ -201,7 +202,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     stacks of `k` frames."""
     steps, side = state.experience, state.side
     capacity = side.slot_of.shape[1]
-    times = _assembly.window_times(starts, n, capacity)
+    times = _anchors.window_times(starts, n, capacity)
     reward, terminated, truncated = (
         jnp.asarray(_storage.read(steps[name], envs[:, None], times))
         for name in ("reward", "terminated", "truncated")
@@ -334,7 +335,7 @@ def _writer(num_envs: int, capacity: int, span: int):
         after = _storage.append_steps(state, stored, where)
         side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
         length = jax.tree_util.tree_leaves(stored)[0].shape[1]
-        return after.replace(side=side), _assembly.span_changes(state, after, length, span)
+        return after.replace(side=side), _anchors.span_changes(state, after, length, span)
 
     return write
 
@@ -366,14 +367,14 @@ def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assemb
         envs, times = _storage.split(slots, capacity)
         offset = (times - (state.position - state.size)) % capacity
         stale = _draws.take_small(state.side.stale, envs)
-        return _assembly.valid_start(state, times, n + 1) & (offset >= stale)
+        return _anchors.valid_start(state, times, n + 1) & (offset >= stale)
 
     def expand(state, where):
         envs, starts = where
         transition, length = n_step_at(state, envs, starts, n, discount, k)
         return transition, None, length
 
-    place, flatten = _assembly.splitter(capacity)
+    place, flatten = _anchors.splitter(capacity)
 
     return _assembly.Layout(
         init=_init(num_envs, capacity, math.ceil(capacity / config.min_episode_length), k, goals),
