@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # where `python -m benchmarks...` runs
+
 
 def _version(package: str) -> str | None:
     try:

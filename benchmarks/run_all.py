@@ -1,6 +1,6 @@
 """Runs every benchmark, then draws the plots and writes the report.
 
-Run: `python benchmarks/run_all.py [--quick] [--out benchmarks/results] [--only a,b]
+Run: `python -m benchmarks.run_all [--quick] [--out benchmarks/results] [--only a,b]
 [--set accelerator]`.
 
 `--set accelerator` runs what matters on a GPU or TPU, where the hot paths differ
@@ -24,30 +24,31 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = (
-    "bench_hostloop",  # a Gymnasium loop feeding HostLoop against a NumPy ring, cpprb, TorchRL
-    "bench_sweep",  # add and sample of every kind against capacity and batch; memory; donation
-    "bench_replay",
-    "bench_trajectory",
-    "bench_transition",
-    "bench_scale",  # Brax/Playground scale; its Brax parts need brax (JAX <= 0.9)
-    "bench_prioritized",
-    "bench_gae",
-    "bench_sharding",
-    "bench_dataset",
-    "bench_checkpoint",  # needs about 14 GiB of host memory (Orbax restoring 6 GiB)
-    "bench_frames",
-    "bench_options",  # epochs, rate limiter and goal relabeling against the plain buffers
-    "bench_her",  # DQN on HER bit flipping with and without relabeling, 5 seeds (~25 min)
-    "bench_agents",  # end-to-end training steps/s of three agents, jaxbuf against Flashbax
-    "bench_learning",  # what the example agents learn over 5 seeds (~35 min)
+    "micro.bench_hostloop",  # a Gymnasium loop feeding HostLoop against NumPy, cpprb, TorchRL
+    "micro.bench_sweep",  # add and sample of every kind over capacity and batch; memory; donation
+    "micro.bench_replay",
+    "micro.bench_trajectory",
+    "micro.bench_transition",
+    "micro.bench_scale",  # Brax/Playground scale; its Brax parts need brax (JAX <= 0.9)
+    "micro.bench_prioritized",
+    "micro.bench_gae",
+    "micro.bench_sharding",
+    "micro.bench_dataset",
+    "micro.bench_checkpoint",  # needs about 14 GiB of host memory (Orbax restoring 6 GiB)
+    "micro.bench_frames",
+    "micro.bench_options",  # epochs, rate limiter and goal relabeling against the plain buffers
+    "agents.bench_her",  # DQN on HER bit flipping with and without relabeling, 5 seeds (~25 min)
+    "agents.bench_agents",  # end-to-end training steps/s of three agents, jaxbuf against Flashbax
+    "agents.bench_learning",  # what the example agents learn over 5 seeds (~35 min)
 )
 
 
 SETS = {
     "all": SCRIPTS,
     "accelerator": (
-        "bench_replay", "bench_trajectory", "bench_transition", "bench_prioritized",
-        "bench_gae", "bench_options", "bench_agents", "bench_hostloop", "bench_scale",
+        "micro.bench_replay", "micro.bench_trajectory", "micro.bench_transition",
+        "micro.bench_prioritized", "micro.bench_gae", "micro.bench_options", "agents.bench_agents",
+        "micro.bench_hostloop", "micro.bench_scale",
     ),
 }  # fmt: skip
 
@@ -59,9 +60,10 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated script names to run")
     parser.add_argument("--set", default="all", choices=sorted(SETS), help="which scripts")
     args = parser.parse_args()
-    import report
-    from common import environment
     from tqdm import tqdm
+
+    from benchmarks.common import environment
+    from benchmarks.reports import report
 
     env = environment()
     print(f"{env['cpu']} ({env['cpu_count']} cores), {env['backend']} backend, "
@@ -70,16 +72,17 @@ def main() -> None:
     out = pathlib.Path(args.out).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    chosen = [s for s in SETS[args.set] if not args.only or s in args.only.split(",")]
+    only = set(args.only.split(",")) - {""}
+    chosen = [s for s in SETS[args.set] if not only or {s, s.split(".")[-1]} & only]
     failed = []
     with tqdm(chosen, unit="script") as bar:
         for script in bar:
-            bar.set_description(script)
+            bar.set_description(script.split(".")[-1])
             start = time.perf_counter()
-            command = [sys.executable, str(HERE / f"{script}.py"), "--out", str(out)]
+            command = [sys.executable, "-m", f"benchmarks.{script}", "--out", str(out)]
             with open(logs / f"{script}.log", "w") as log:
                 done = subprocess.run(
-                    command + ["--quick"] * args.quick, cwd=HERE, stdout=log,
+                    command + ["--quick"] * args.quick, cwd=HERE.parent, stdout=log,
                     stderr=subprocess.STDOUT, check=False,
                 )  # fmt: skip
             status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"

@@ -1,7 +1,7 @@
 """The CleanRL guide's diff, as a user applies it: to CleanRL's own `dqn_atari_jax.py`.
 
-`benchmarks/cleanrl/upstream/` holds CleanRL's files at the commit the guide names;
-`benchmarks/cleanrl_dqn.py` applies the guide's diff to them and runs the result on
+`benchmarks/agents/cleanrl/upstream/` holds CleanRL's files at the commit the guide names;
+`benchmarks/agents/cleanrl_dqn.py` applies the guide's diff to them and runs the result on
 real ALE (its figures are the guide's). Here: the vendored files are upstream's byte for
 byte, the diff in `docs/coming_from_cleanrl.md` applies with `git apply` (which
 refuses fuzz), and what it makes is the script the guide describes.
@@ -15,9 +15,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import cleanrl_dqn  # noqa: E402
+from benchmarks.agents import cleanrl_dqn  # noqa: E402
 
 
 @pytest.fixture

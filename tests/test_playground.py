@@ -1,5 +1,5 @@
 """MuJoCo Playground's own SAC configuration with `jaxbuf.brax`: a short smoke of
-`benchmarks/playground_sac.py` where Playground is installed (CI's Playground environment,
+`benchmarks/agents/playground_sac.py` where Playground is installed (CI's Playground environment,
 made by the command `docs/coming_from_brax.md` prints); the page's install commands are the
 ones CI runs."""
 
@@ -34,8 +34,8 @@ def test_playground_s_sac_config_runs_with_jaxbuf_and_reports_what_it_saw():
     `impl="jax"`, 10k steps (the 8,192-step prefill, then training), 100-step episodes (auto-resets
     inside the run): the run ends, its report counts every stored step and none mismatched."""
     pytest.importorskip("mujoco_playground")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import playground_sac
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.agents import playground_sac
 
     args = type("Args", (), {"env": "CartpoleBalance", "num_timesteps": 10_000,
                              "num_evals": 2, "episode_length": 100})  # fmt: skip

@@ -11,7 +11,7 @@ turns in every timed round:
 - `host storage, device=1`: state on device 0, blocks delivered on device 1;
 - `host storage, device=1, prefetch`: the same, each block drawn one call ahead.
 
-Run by `bench_hostloop.py` (or: `python benchmarks/hostloop_devices.py [--quick]`);
+Run by `bench_hostloop.py` (or: `python -m benchmarks.micro.hostloop_devices [--quick]`);
 prints one JSON row per variant.
 """
 
@@ -84,7 +84,7 @@ def variant(device, prefetch: bool, trace: list):
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    from bench_hostloop import frame_trace
+    from benchmarks.micro.bench_hostloop import frame_trace
 
     trace = frame_trace(100 if quick else 800)
     other = jax.devices()[1]

@@ -12,16 +12,16 @@ precomputed indices ((a) and (b)), plus a dynamic_update_slice write of 8 rows i
 All implementations are measured in the same run, interleaved, and reported as
 medians over repeats; compare the ratios, not the absolute times.
 
-Run: `python benchmarks/bench_replay.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_replay [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_medians, run_scan, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_medians, run_scan, write_results
 
 ADD_BATCH, SAMPLE_BATCH, SCAN_LENGTH = 8, 256, 2000
 EXAMPLE = {

@@ -23,7 +23,7 @@ bytes of one item; cpprb does not expose its arrays, so its figure is their
 nominal size (one array per field), not a measurement. All implementations of a case take
 turns in every timed round; read the ratios.
 
-Run: `python benchmarks/bench_sweep.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_sweep [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, flashbax_device, interleaved_medians, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, flashbax_device, interleaved_medians, write_results
 
 ADD, ENVS, LENGTH = 8, 16, 8
 CAPACITIES = (1_000, 10_000, 100_000, 1_000_000)

@@ -9,7 +9,7 @@ bits, one without relabeling; each is evaluated greedily on 256 fresh episodes
 training one seed in its own process run (compilation included), on this
 machine with nothing else running.
 
-Run: `python benchmarks/bench_her.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.agents.bench_her [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from common import command_line, write_results
 
+from benchmarks.common import command_line, write_results
 from jaxbuf.examples import her_bitflip
 
 # bits -> training cycles (16 episodes each); 40 and 50 bits get more

@@ -13,16 +13,16 @@ writes one step per environment with `dynamic_update_slice`. jaxbuf's
 `sample` includes its write-head safety and a `done_fn` mask. All cases take
 turns in every timed round.
 
-Run: `python benchmarks/bench_trajectory.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_trajectory [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_medians, run_scan, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_medians, run_scan, write_results
 
 NUM_ENVS, BATCH, SCAN_LENGTH = 16, 256, 1000
 EXAMPLE = {

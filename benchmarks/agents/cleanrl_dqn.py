@@ -1,6 +1,6 @@
 """CleanRL's own `dqn_atari_jax.py`, as upstream wrote it and as our guide changes it, on real ALE.
 
-The client a CleanRL user runs, not our rewrite of it: `benchmarks/cleanrl/upstream/` holds
+The client a CleanRL user runs, not our rewrite of it: `benchmarks/agents/cleanrl/upstream/` holds
 CleanRL's files at commit `COMMIT` (`cleanrl/dqn_atari_jax.py` and the three `cleanrl_utils`
 files it imports, MIT), checked against upstream's git blob ids. Each run copies them into a
 scratch folder and, for `jaxbuf`, applies the diff printed in `docs/coming_from_cleanrl.md` as a
@@ -19,7 +19,7 @@ SB3's buffer copy contends with the learner; `default`: torch's own). Results:
 `benchmarks/results/cleanrl_dqn_cpu.{json,md}`. Needs the `cleanrl` extra
 (`pip install -e ".[cleanrl]"`: the `atari` extra on CleanRL's Gymnasium pin, tyro, tensorboard).
 
-Run: `python benchmarks/cleanrl_dqn.py --total-timesteps 20000 --learning-starts 5000`.
+Run: `python -m benchmarks.agents.cleanrl_dqn --total-timesteps 20000 --learning-starts 5000`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 UPSTREAM = HERE / "cleanrl" / "upstream"
-GUIDE = HERE.parent / "docs" / "coming_from_cleanrl.md"
-RESULTS = HERE / "results"
+GUIDE = HERE.parents[1] / "docs" / "coming_from_cleanrl.md"
+RESULTS = HERE.parent / "results"
 COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"
 SCRIPT = "cleanrl/dqn_atari_jax.py"
 # git blob ids of the vendored files at COMMIT (`git rev-parse COMMIT:<path>`)
@@ -158,7 +158,7 @@ def main() -> None:
 
 
 def write(rows: list[dict], args: argparse.Namespace) -> None:
-    from cleanrl_report import table
+    from benchmarks.reports.cleanrl_report import table
 
     settings = {
         "commit": COMMIT, "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",

@@ -30,9 +30,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import interleaved_times, write_results
 
 import jaxbuf
+from benchmarks.common import interleaved_times, write_results
 from jaxbuf.core import assembly as _assembly
 
 FRAME = (84, 84)

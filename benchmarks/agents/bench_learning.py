@@ -15,7 +15,7 @@
 Each seed's time is its wall time in this process, compilation included (the
 offline row: recording and offline training together).
 
-Run: `python benchmarks/bench_learning.py [--quick] [--out benchmarks/results]
+Run: `python -m benchmarks.agents.bench_learning [--quick] [--out benchmarks/results]
 [--only recurrent]` (`--only`: rerun the rows whose agent or variant holds that
 text, keeping the others of the last results file).
 """
@@ -29,8 +29,8 @@ import tempfile
 import time
 
 import numpy as np
-from common import environment, write_results
 
+from benchmarks.common import environment, write_results
 from jaxbuf.examples import offline_cql, rdqn_cartpole, sac_pendulum
 
 

@@ -34,7 +34,7 @@ observation to D floats (a Playground-sized observation on a cheap CPU simulatio
 sets the steps after the prefill and `--sac-table` the table's name.
 
 Needs brax and flashbax (Brax 0.14 runs on JAX <= 0.9). Run:
-`python benchmarks/bench_scale.py [--quick] [--sac] [--out benchmarks/results]`.
+`python -m benchmarks.micro.bench_scale [--quick] [--sac] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-from common import interleaved_times, run_scan, write_results
 
 import jaxbuf
 import jaxbuf.brax
+from benchmarks.common import interleaved_times, run_scan, write_results
 
 STEPS_PER_ENV, ACTION = 256, 8
 SAC_ENV = ["inverted_pendulum"]  # --sac-env

@@ -14,7 +14,7 @@ not. This script times the same works both ways, in one process, taking turns:
 Between two timed works: nothing, a busy Python loop of 2 ms, or `time.sleep(0.002)`.
 Results: `benchmarks/results/gap_<backend>.{json,md}`.
 
-Run: `python benchmarks/bench_gap.py [--quick]`.
+Run: `python -m benchmarks.micro.bench_gap [--quick]`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxbuf
+from benchmarks import common
 
 GAP = 0.002
 COLUMNS = [

@@ -17,7 +17,7 @@ Speed: a standalone jitted `sample` on a full buffer and a jitted `lax.scan` of
 and 3), the replay buffer of full transitions and Flashbax's flat buffer. All
 cases take turns in every timed round.
 
-Run: `python benchmarks/bench_transition.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_transition [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_medians, run_scan, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_medians, run_scan, write_results
 
 NUM_ENVS, BATCH, SCAN_LENGTH, OBS = 16, 256, 1000, 64
 STEP = {

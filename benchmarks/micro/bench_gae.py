@@ -9,7 +9,7 @@ times, `rlax.truncated_generalized_advantage_estimation` vmapped over the batch
 appended), and a Stable-Baselines3-style NumPy loop over time.
 All cases run interleaved in one process; compare the ratios.
 
-Run: `python benchmarks/bench_gae.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_gae [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, interleaved_medians, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_medians, write_results
 
 GAMMA, LAMBDA = 0.99, 0.95
 ORDER = ("rewards", "values", "next_values", "terminated", "truncated")  # gae's arguments

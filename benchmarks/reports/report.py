@@ -1,6 +1,6 @@
 """Draws the benchmark plots and writes `REPORT.md` from the JSON results.
 
-Run: `python benchmarks/report.py [--out benchmarks/results]` (`run_all.py` runs it last).
+Run: `python -m benchmarks.reports.report [--out benchmarks/results]` (`run_all.py` runs it last).
 Reads `<name>_<backend>.json` for every backend found, writes `plots/*.png` and
 `REPORT.md` (every table, its machine and versions, and the plots) under `--out`.
 """
@@ -175,7 +175,7 @@ def report(folder: pathlib.Path) -> pathlib.Path:
         "",
         "Every table below comes from one script in `benchmarks/`, which measured jaxbuf and its",
         "peers in the same run, taking turns. Read the ratios: absolute times move with the",
-        "machine's load. Reproduce with `python benchmarks/run_all.py` (about two hours on 2",
+        "machine's load. Reproduce with `python -m benchmarks.run_all` (about two hours on 2",
         "cores; `--quick` for a smoke run).",
         "",
     ]

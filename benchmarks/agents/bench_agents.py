@@ -25,7 +25,7 @@ jitted chunk of training each per round; the table gives steps per second
 (environment steps, all environments) from the median and fastest rounds, and
 jaxbuf's time over Flashbax's.
 
-Run: `python benchmarks/bench_agents.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.agents.bench_agents [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import flashbax as fbx
 import gymnax
 import jax
 import jax.numpy as jnp
-from common import command_line, flashbax_device, interleaved_times, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, flashbax_device, interleaved_times, write_results
 from jaxbuf.examples import dqn_cartpole, dqn_nstep, rdqn_cartpole
 
 

@@ -21,7 +21,7 @@ included; jaxbuf's `bytes_per_transition`) and what the report said.
 episodes end (and auto-reset) inside the run. Needs the `playground` extra
 (`pip install -e ".[playground]"`). Results: `benchmarks/results/playground_sac_<backend>`.
 
-Run: `python benchmarks/playground_sac.py --num-timesteps 300000 --seeds 0 1`.
+Run: `python -m benchmarks.agents.playground_sac --num-timesteps 300000 --seeds 0 1`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import pathlib
 import time
 import warnings
 
-import common
 import jax
 import numpy as np
 
 import jaxbuf.brax
+from benchmarks import common
 
 REFUSED = ("num_resets_per_eval",)  # Playground 0.2 passes it; Brax 0.14.2 refuses it
 
@@ -180,7 +180,7 @@ def main() -> None:
         default="ABBA",
         help="A: brax queue, B: jaxbuf (report=True), C: jaxbuf (no report)",
     )
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parents[1] / "results"))
     parser.add_argument("--name", default="playground_sac")
     args = parser.parse_args()
     rows = []

@@ -29,7 +29,7 @@ environment-plus-buffer step (`report.py` plots it against k). Variants take
 turns in every timed round over the recorded steps; the table gives the median
 and fastest round, in microseconds per environment step.
 
-Run: `python benchmarks/bench_hostloop.py [--quick] [--learner] [--out benchmarks/results]`
+Run: `python -m benchmarks.micro.bench_hostloop [--quick] [--learner] [--out benchmarks/results]`
 (`--learner`: the second table alone, `hostloop_learner_<platform>.md`).
 """
 
@@ -41,7 +41,6 @@ import gc
 import importlib.util
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import time
@@ -50,10 +49,10 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, resident_bytes, write_results
 from gymnasium.vector import AutoresetMode
 
 import jaxbuf
+from benchmarks.common import ROOT, command_line, resident_bytes, write_results
 
 ENVS, BATCH = 8, 256
 BLOCKS = (1, 2, 4, 8, 32, 128)
@@ -389,9 +388,9 @@ def rows_of(env_name: str, measured: tuple[dict, dict], env_seconds: float,
 def host_storage_rows(quick: bool) -> list[dict]:
     """`hostloop_devices.py`'s rows: a host-stored buffer feeding a learner on a second
     (simulated) device, run in its own process since JAX fixes its devices at start."""
-    script = pathlib.Path(__file__).with_name("hostloop_devices.py")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run([sys.executable, str(script), *(["--quick"] if quick else [])],
+    module = [sys.executable, "-m", "benchmarks.micro.hostloop_devices"]
+    done = subprocess.run([*module, *(["--quick"] if quick else [])], cwd=ROOT,
                           capture_output=True, text=True, env=env, check=True)  # fmt: skip
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

@@ -18,16 +18,16 @@
 Both variants of a case take turns in every timed round; the table gives the
 median and the fastest round.
 
-Run: `python benchmarks/bench_options.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_options [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from common import command_line, interleaved_times, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_times, write_results
 
 CAPACITY, BATCH, ADD = 100_000, 256, 8
 

@@ -8,7 +8,7 @@ every step, as a buffer without the option must. Memory is the state's bytes
 per stored step; `sample` draws B=32 transitions (obs and next_obs stacks), both
 variants taking turns in every timed round (median and fastest of the rounds).
 
-Run: `python benchmarks/bench_frames.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_frames [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, interleaved_times, write_results
 
 import jaxbuf
+from benchmarks.common import command_line, interleaved_times, write_results
 
 ENVS, K, BATCH, FRAME = 8, 4, 32, (84, 84)
 

@@ -19,7 +19,7 @@ at 4 devices). Devices are simulated on the CPU
 where the machine has fewer cores than devices, the devices share them, and
 perfect scaling is not possible for either library.
 
-Run: `python benchmarks/bench_sharding.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_sharding [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 
-from common import command_line, write_results
+from benchmarks.common import ROOT, command_line, write_results
 
 ENVS, CAPACITY, BATCH, LENGTH, SCAN = 16, 10_000, 256, 8, 100
 DEVICE_COUNTS = (1, 2, 4)
@@ -180,7 +180,7 @@ def _flashbax_cases(n: int) -> dict:
 
 
 def worker(n: int, quick: bool) -> None:
-    from common import interleaved_medians
+    from benchmarks.common import interleaved_medians
 
     cases = _jaxbuf_cases(n) | _flashbax_cases(n)
     times = interleaved_medians(cases, 3 if quick else 11)
@@ -195,8 +195,11 @@ def main() -> None:
     measured = {}
     for n in DEVICE_COUNTS:
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-        command = [sys.executable, __file__, "--worker", str(n)] + ["--quick"] * args.quick
-        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        run = [sys.executable, "-m", "benchmarks.micro.bench_sharding", "--worker", str(n)]
+        command = run + ["--quick"] * args.quick
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, check=False, cwd=ROOT
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
             raise SystemExit(f"worker for {n} devices failed:\n{done.stdout}\n{done.stderr}")

@@ -7,7 +7,7 @@ the floor is the device-to-host copy of the same rows (`jax.device_get` of the
 gathered rows), measured right after it, alternately. `flush` (waiting for the
 disk) is timed separately, per step's worth of data.
 
-Run: `python benchmarks/bench_dataset.py [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_dataset [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import write_results
 
 import jaxbuf
+from benchmarks.common import write_results
 
 CAPACITY, NEW, STEPS = 1_000_000, 1_000, 60
 EXAMPLE = {

@@ -11,7 +11,8 @@ process already held (the buffer itself, for a save). Restores use an abstract t
 the restored state's own size. Ratios are jaxbuf over Orbax (time) or over the buffer's size
 (memory).
 
-Run: `python benchmarks/bench_checkpoint.py [--gib 2 6] [--repeats 2] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_checkpoint [--gib 2 6] [--repeats 2]
+[--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import write_results
+from benchmarks.common import write_results
 
 WORKER = r"""
 import json, sys, time

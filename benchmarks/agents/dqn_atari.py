@@ -17,7 +17,7 @@ sampling, after the learner's pending update and the first 1,000 learning steps)
 resident memory, and the episodic returns; `--summarize` turns them into
 `dqn_atari_cpu.md`. Needs the `atari` extra (`pip install -e ".[atari]"`).
 
-Run: `python benchmarks/dqn_atari.py --buffer jaxbuf --buffer-size 100000
+Run: `python -m benchmarks.agents.dqn_atari --buffer jaxbuf --buffer-size 100000
 --total-timesteps 120000 --learning-starts 10000`; then `--summarize`.
 """
 
@@ -37,12 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import _version as package_version
 from flax.training.train_state import TrainState
 
 import jaxbuf
+from benchmarks.common import _version as package_version
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = pathlib.Path(__file__).parents[1] / "results"
 WARMUP = 1000  # learning steps left out of the buffer's time (compilation)
 
 
@@ -266,7 +266,7 @@ def finished(args: argparse.Namespace, record: dict) -> dict:
 def main() -> None:
     args = arguments()
     if args.summarize:
-        from dqn_atari_report import summarize
+        from benchmarks.reports.dqn_atari_report import summarize
 
         summarize(RESULTS / "dqn_atari", RESULTS)
         return

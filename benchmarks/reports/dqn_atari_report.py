@@ -6,7 +6,8 @@ import json
 import pathlib
 
 import numpy as np
-from common import write_results
+
+from benchmarks.common import write_results
 
 WINDOW = 20_000  # steps per point of the learning curve
 
@@ -38,5 +39,5 @@ def summarize(folder: pathlib.Path, out: pathlib.Path) -> None:
                ("peak resident GiB", "peak_rss_gib", "{:.2f}"),
                ("buffer GiB", "buffer_gib", "{:.2f}"), ("episodes", "episodes", "{}"),
                (f"mean return per {WINDOW // 1000}k steps", "curve", "{}")]  # fmt: skip
-    write_results(str(out), "dqn_atari", rows, columns, (folder.parent.parent / "dqn_atari.py")
-                  .read_text().split('"""')[1])  # fmt: skip
+    script = pathlib.Path(__file__).parents[1] / "agents" / "dqn_atari.py"
+    write_results(str(out), "dqn_atari", rows, columns, script.read_text().split('"""')[1])

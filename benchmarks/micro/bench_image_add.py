@@ -11,7 +11,7 @@ written), at capacities of 10k, 100k and 300k frames (and 1M with `--million`, 7
 Capacities take turns in every timed round; the table gives the median and fastest
 microseconds per add and the ratio to the smallest capacity.
 
-Run: `python benchmarks/bench_image_add.py [--quick] [--million] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_image_add [--quick] [--million] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-from common import interleaved_times, write_results
 
 import jaxbuf
+from benchmarks.common import interleaved_times, write_results
 
 FRAME = jnp.zeros((84, 84), jnp.uint8)
 ENVS = 4

@@ -14,16 +14,22 @@ sum tree runs with `device=` the backend's name, its path for that backend. jaxb
 includes the importance weights (beta 0.4); Flashbax returns none. All cases take
 turns in every timed round.
 
-Run: `python benchmarks/bench_prioritized.py [--quick] [--out benchmarks/results]`.
+Run: `python -m benchmarks.micro.bench_prioritized [--quick] [--out benchmarks/results]`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from common import command_line, flashbax_device, interleaved_medians, run_scan, write_results
 
 import jaxbuf
+from benchmarks.common import (
+    command_line,
+    flashbax_device,
+    interleaved_medians,
+    run_scan,
+    write_results,
+)
 
 CAPACITY, BATCH, ADD_BATCH, NUM_ENVS, LENGTH, SCAN_LENGTH = 1_000_000, 256, 8, 16, 8, 1000
 EXAMPLE = {

@@ -1,0 +1,1 @@
+"""Reports: tables and plots written from the results files."""
