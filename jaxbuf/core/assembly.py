@@ -29,15 +29,6 @@ from jaxbuf.core.records import Buffer, Config, PyTree, Sample
 from jaxbuf.core.samplers import Changes, Drawn, Sampler
 
 
-class Relabeling(NamedTuple):
-    """Goal relabeling as a layout applies it at sample time (the goals option makes
-    one): `choose(state, where, key) -> goal_source` and
-    `apply(state, where, experience, goal_source) -> experience`."""
-
-    choose: Callable[[Any, Any, jax.Array], jax.Array]
-    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
-
-
 class Layout(NamedTuple):
     """A sampled kind's storage, anchors and unit (see the module docstring)."""
 
@@ -53,7 +44,6 @@ class Layout(NamedTuple):
     place: Callable[[jax.Array], Any]
     flatten: Callable[[Any], jax.Array]
     one_step: Callable[[Any, PyTree], PyTree] | None = None
-    goals: Relabeling | None = None
     # The axis of `add`'s data along which consecutive calls' data follow each other
     # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
     steps_axis: int = 1
@@ -158,29 +148,14 @@ def sample(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Ar
       the items are still drawn where anything is drawable, and `valid` is false
       (weights 0).
     """
-    key, goal_key = _split_goal_key(layout, key)
-    return _sample(layout, sampler.draw(layout, state, key, batch, **options), state, goal_key)
+    return _sample(layout, sampler.draw(layout, state, key, batch, **options), state)
 
 
-def _split_goal_key(layout: Layout, key: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-    """The sampler's key and, with goal relabeling, the relabeling's."""
-    if layout.goals is None:
-        return key, None
-    draw, goals = jax.random.split(key)
-    return draw, goals
-
-
-def _sample(layout: Layout, drawn: Drawn, state: Any, goal_key: jax.Array | None) -> Sample:
+def _sample(layout: Layout, drawn: Drawn, state: Any) -> Sample:
     experience, mask, length = layout.expand(state, drawn.where)
-    goal_source = None
-    if goal_key is not None:
-        assert layout.goals is not None
-        goal_source = layout.goals.choose(state, drawn.where, goal_key)
-        experience = layout.goals.apply(state, drawn.where, experience, goal_source)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
-    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights,
-                  goal_source=goal_source)  # fmt: skip
+    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
 
 
 def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):
@@ -195,9 +170,8 @@ def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: ja
       `sample` gives it; rows past the end of the pass, or whose anchor was
       overwritten during the pass, are `valid` false.
     """
-    key, goal_key = _split_goal_key(layout, key)
     drawn = sampler.draw(layout, state, key, batch)
-    return state.replace(sampler=drawn.state), _sample(layout, drawn, state, goal_key)
+    return state.replace(sampler=drawn.state), _sample(layout, drawn, state)
 
 
 def can_sample(layout: Layout, sampler: Sampler, state: Any) -> jax.Array:
@@ -220,24 +194,19 @@ def take(layout: Layout, state: Any, indices: jax.Array, goal_source: jax.Array 
     Returns:
       The items, leaves `[k, ...]` as in `Sample.experience`.
     """
+    if goal_source is not None:  # the goals option's `take` takes it
+        raise TypeError("goal_source is only for buffers made with goals=jaxbuf.hindsight(...).")
+    return layout.expand(state, place(layout, indices))[0]
+
+
+def place(layout: Layout, indices: Any) -> Any:
+    """Where a sample's `indices` (int `[k]`) lie in the layout, clamped into
+    `[0, num_slots)`; a `TypeError` for anything but 1-D integers."""
     indices = jnp.asarray(indices)
     if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"indices must be a 1-D integer array [k], got {indices.dtype}"
                         f"{list(indices.shape)}.")  # fmt: skip
-    where = layout.place(jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1))
-    experience = layout.expand(state, where)[0]
-    if goal_source is None:
-        return experience
-    if layout.goals is None:
-        raise TypeError("goal_source is only for buffers made with goals=jaxbuf.hindsight(...).")
-    expected = jax.eval_shape(layout.goals.choose, state, where, jax.random.key(0))
-    goal_source = jnp.asarray(goal_source)
-    if goal_source.shape != expected.shape or not jnp.issubdtype(goal_source.dtype, jnp.integer):
-        raise TypeError(
-            f"goal_source must be an integer array {list(expected.shape)} (a "
-            f"sample's), got {goal_source.dtype}{list(goal_source.shape)}."
-        )
-    return layout.goals.apply(state, where, experience, goal_source.astype(jnp.int32))
+    return layout.place(jnp.clip(indices.astype(jnp.int32), 0, layout.num_slots - 1))
 
 
 def set_priorities(layout: Layout, sampler: Sampler, state: Any, indices, priorities) -> Any:

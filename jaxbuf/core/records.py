@@ -94,6 +94,8 @@ class Buffer(_Record):
         the current pass; None unless the sampler is `epochs`.
       layout: the kind's storage, anchors and unit, for transforms (`vectorize`).
       sampler: the `Sampler`, for transforms.
+      relabeling: the goal relabeling that `sample` applies (`goals=`), for
+        transforms; else None.
 
     Examples:
       >>> import jax, jaxbuf
@@ -114,6 +116,7 @@ class Buffer(_Record):
     next_batch: Callable[..., Any] | None = None
     layout: Any = dataclasses.field(default=None, repr=False)
     sampler: Any = dataclasses.field(default=None, repr=False)
+    relabeling: Any = dataclasses.field(default=None, repr=False)
 
 
 class Sample(struct.PyTreeNode):

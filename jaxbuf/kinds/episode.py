@@ -246,7 +246,6 @@ def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
         place=place,
         flatten=flatten,
         one_step=_trajectory.one_step(num_envs),
-        goals=None if goals is None else _goals.episode_relabeling(goals, max_length),
     )
 
 
@@ -330,11 +329,13 @@ def make_episode_buffer(
     _check_goals(goals, stacks)
     options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)
-    return _assembly.assemble(
+    buffer = _assembly.assemble(
         layout, sampler, config.sample_batch_size, kind="episode", **config._asdict(),
         **_trajectory.done_config(done_fn), frames=stacks or None,
         goals=None if goals is None else goals.config, **options.config(),
     )  # fmt: skip
+    relabeling = None if goals is None else _goals.episode_relabeling(goals, config.max_length)
+    return _goals.relabeled(buffer, relabeling)
 
 
 def _check_goals(goals: _goals.Hindsight | None, frames: dict) -> None:

@@ -389,7 +389,6 @@ def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assemb
         place=place,
         flatten=flatten,
         one_step=_one_step(num_envs),
-        goals=None if goals is None else _goals.transition_relabeling(goals, discount),
     )
 
 
@@ -478,12 +477,14 @@ def make_transition_buffer(
     stacks = _frames.check_frames(frames, config.capacity, allowed=("obs",))
     _check_goals(goals, config.n_step, stacks)
     options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
-    return _assembly.assemble(
+    buffer = _assembly.assemble(
         _options.wrap(_layout(config, stacks.get("obs", 1), goals), options, side="obs"),
         sampler, config.sample_batch_size, kind="transition", **config._asdict(),
         frames=stacks or None, goals=None if goals is None else goals.config,
         **options.config(),
     )  # fmt: skip
+    relabeling = None if goals is None else _goals.transition_relabeling(goals, config.discount)
+    return _goals.relabeled(buffer, relabeling)
 
 
 def _check_goals(goals: _goals.Hindsight | None, n_step: int, frames: dict) -> None:

@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.assembly import Relabeling
-from jaxbuf.core.records import Config, PyTree, Transition, _Record
+from jaxbuf.core.records import Buffer, Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -140,6 +140,58 @@ def hindsight(
         desired=tuple(_path(f"desired[{i}]", p) for i, p in enumerate(paths)),
         ratio=_validation.check_fraction("ratio", ratio), strategy=strategy,
         terminal_fn=terminal_fn, reward=_path("reward", reward), terminated=terminated_path,
+    )  # fmt: skip
+
+
+class Relabeling(NamedTuple):
+    """Goal relabeling of a layout's drawn items: `choose(state, where, key) ->
+    goal_source` and `apply(state, where, experience, goal_source) -> experience`,
+    `where` as the layout's `place` gives it."""
+
+    choose: Callable[[Any, Any, jax.Array], jax.Array]
+    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
+
+
+def relabeled(buffer: Buffer, relabeling: Relabeling | None) -> Buffer:
+    """`buffer` whose `sample` and `next_batch` relabel what they draw (the key split
+    into the draw's and the relabeling's) and whose `take` relabels given a sample's
+    `goal_source`; `buffer` itself without a relabeling."""
+    if relabeling is None:
+        return buffer
+    layout, sample, advance, take = buffer.layout, buffer.sample, buffer.next_batch, buffer.take
+
+    def relabel(state, batch, key: jax.Array):
+        where = layout.place(batch.indices)
+        goal_source = relabeling.choose(state, where, key)
+        experience = relabeling.apply(state, where, batch.experience, goal_source)
+        return batch.replace(experience=experience, goal_source=goal_source)
+
+    def drawn(state, key, **options):
+        key, goal_key = jax.random.split(key)
+        return relabel(state, sample(state, key, **options), goal_key)
+
+    def next_batch(state, key):
+        assert advance is not None
+        key, goal_key = jax.random.split(key)
+        after, batch = advance(state, key)
+        return after, relabel(state, batch, goal_key)
+
+    def taken(state, indices, goal_source=None):
+        experience = take(state, indices)
+        if goal_source is None:
+            return experience
+        where = _assembly.place(layout, indices)
+        expected = jax.eval_shape(relabeling.choose, state, where, jax.random.key(0)).shape
+        source = jnp.asarray(goal_source)
+        if source.shape != expected or not jnp.issubdtype(source.dtype, jnp.integer):
+            raise TypeError(f"goal_source must be an integer array {list(expected)} (a "
+                            f"sample's), got {source.dtype}{list(source.shape)}.")  # fmt: skip
+        return relabeling.apply(state, where, experience, source.astype(jnp.int32))
+
+    return buffer.replace(
+        sample=_assembly.wrapped(drawn, sample), take=_assembly.wrapped(taken, take),
+        next_batch=None if advance is None else _assembly.wrapped(next_batch, advance),
+        relabeling=relabeling,
     )  # fmt: skip
 
 

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.assembly import Layout, Relabeling
+from jaxbuf.core.assembly import Layout
 from jaxbuf.core.records import Buffer, PyTree, Sample
 from jaxbuf.core.samplers import Changes
+from jaxbuf.options import goals as _goals
 
 
 def _inner(state):
@@ -98,12 +99,11 @@ def lift(layout: Layout, count: int) -> Layout:
         init, write, count * slots, count * groups, counts, slot, usable, expand, ready, place,
         lambda where: where[0] * slots + layout.flatten(where[1]),
         None if layout.one_step is None else one_step,
-        None if layout.goals is None else _lift_goals(layout.goals),
         layout.steps_axis + 1,
     )  # fmt: skip
 
 
-def _lift_goals(goals: Relabeling) -> Relabeling:
+def _lift_goals(goals: _goals.Relabeling) -> _goals.Relabeling:
     """Relabeling of items `(buffer, local where)`, each in its own buffer."""
 
     def choose(state, where, key):
@@ -115,7 +115,7 @@ def _lift_goals(goals: Relabeling) -> Relabeling:
         per = jax.vmap(lambda s: goals.apply(s, local, experience, goal_source))(_inner(state))
         return _pick(per, which)
 
-    return Relabeling(choose, apply)
+    return _goals.Relabeling(choose, apply)
 
 
 def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
@@ -171,7 +171,8 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip
-    return _with_source(stacked, num_slots)
+    relabeling = None if buffer.relabeling is None else _lift_goals(buffer.relabeling)
+    return _goals.relabeled(_with_source(stacked, num_slots), relabeling)
 
 
 def _with_source(buffer: Buffer, slots: int) -> Buffer:
