@@ -477,12 +477,6 @@ def growing_ops(text: str, halved: str) -> list[str]:
     return sorted(grown)
 
 
-# Draws allowed to grow with the capacity, and why (docs/census.md says so too).
-GROWS = {"epochs.next_batch": "a pass's order is a sort of every slot, computed on every "
-         "call on accelerators and kept by a select (a `cond` would send its predicate to "
-         "the host)"}  # fmt: skip
-
-
 def scale(shape: Shape, group: str | None = None) -> dict[str, Any]:
     """The census at one shape (of one of the `GROUPS`, or all): `operations` lowered,
     those that loop or branch (`BRANCH_FREE` operations with a `while` or a
@@ -508,12 +502,6 @@ def scale(shape: Shape, group: str | None = None) -> dict[str, Any]:
     return {"operations": count, "loops": loops, "growing": growing}
 
 
-def allowed_growth(name: str) -> bool:
-    """Whether a draw named `kind/sampler.op on platform` may grow (`GROWS`)."""
-    sampler_op = name.split(" on ")[0].split("/")[-1]
-    return sampler_op in GROWS
-
-
 SCALE_HEAD = (
     "| environments | steps each | batch | group | operations (each for cuda and tpu) | "
     "hot ones that loop or branch | draws sized like the storage |\n|---|---|---|---|---|---|---|\n"
@@ -530,13 +518,8 @@ def _shape_cells(shape: Shape) -> str:
 
 def scale_row(shape: Shape, group: str, found: dict[str, Any]) -> str:
     """One row of the page's scale table: `found` from `scale(shape, group)`."""
-    grown = found["growing"]
-    allowed = sorted({name.split(".")[-1].split(" on ")[0] for name in grown
-                      if allowed_growth(name)})  # fmt: skip
-    others = len(grown) - sum(map(allowed_growth, grown))
-    draws = f"{others}" + (f" (and epochs' {', '.join(allowed)}: allowed)" if allowed else "")
     return (f"{_shape_cells(shape)} {group} | {found['operations']} | {len(found['loops'])} | "
-            f"{draws} |")  # fmt: skip
+            f"{len(found['growing'])} |")  # fmt: skip
 
 
 def host_scale_row(shape: Shape, host: dict[str, dict[str, dict]]) -> str:

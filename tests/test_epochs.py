@@ -6,16 +6,24 @@ import numpy as np
 import pytest
 
 import jaxbuf
+from jaxbuf.core import permutation
 
-ENVS, STRIDE, LENGTH, N = 2, 10**6, 3, 2
+ENVS, STRIDE, LENGTH, N, PERIOD, EPISODE = 2, 3 * 10**6, 3, 2, 2, 3  # STRIDE: whole episodes
 
 
 def make(kind, capacity, batch):
+    epochs = jaxbuf.epochs()
     if kind == "replay":
-        return jaxbuf.make_replay_buffer(capacity, batch, sampler=jaxbuf.epochs())
-    if kind == "trajectory":
-        return jaxbuf.make_trajectory_buffer(ENVS, capacity, batch, LENGTH, sampler=jaxbuf.epochs())
-    return jaxbuf.make_transition_buffer(ENVS, capacity, batch, n_step=N, sampler=jaxbuf.epochs())
+        return jaxbuf.make_replay_buffer(capacity, batch, sampler=epochs)
+    if kind.startswith("trajectory"):
+        period = PERIOD if kind == "trajectory, period" else 1
+        return jaxbuf.make_trajectory_buffer(ENVS, capacity, batch, LENGTH, period=period,
+                                             sampler=epochs)  # fmt: skip
+    if kind == "episode":
+        done = lambda step: step["id"] % EPISODE == 2  # noqa: E731
+        return jaxbuf.make_episode_buffer(ENVS, capacity, batch, EPISODE, sampler=epochs,
+                                          done_fn=done)  # fmt: skip
+    return jaxbuf.make_transition_buffer(ENVS, capacity, batch, n_step=N, sampler=epochs)
 
 
 def data(kind, first, count):
@@ -23,7 +31,7 @@ def data(kind, first, count):
     if kind == "replay":
         return {"id": jnp.arange(first, first + count, dtype=jnp.int32)}
     ids = (first + jnp.arange(count, dtype=jnp.int32))[None] + STRIDE * jnp.arange(ENVS)[:, None]
-    if kind == "trajectory":
+    if kind != "transition":
         return {"id": ids}
     obs = ids.astype(jnp.float32)[..., None]
     no = jnp.zeros(ids.shape, bool)
@@ -34,7 +42,7 @@ def anchor_ids(kind, batch):
     """The id of each valid row's anchor (item, window start, transition start)."""
     if kind == "replay":
         ids = batch.experience["id"]
-    elif kind == "trajectory":
+    elif kind != "transition":
         ids = batch.experience["id"][:, 0]
     else:
         ids = batch.experience.action
@@ -45,15 +53,22 @@ def drawable(kind, history, capacity):
     """The anchors a pass beginning now holds: ids per the kind's rule."""
     if kind == "replay":
         return set(history[-capacity:])
-    span = LENGTH if kind == "trajectory" else N + 1
     stored = history[-capacity:]
-    starts = stored[: len(stored) - span + 1] if len(stored) >= span else []
+    if kind == "episode":  # complete episodes, every step stored
+        starts = [s for s in stored if s % EPISODE == 0 and s + EPISODE - 1 in stored]
+    else:
+        span = N + 1 if kind == "transition" else LENGTH
+        starts = stored[: len(stored) - span + 1] if len(stored) >= span else []
+        starts = [s for s in starts if kind != "trajectory, period" or s % PERIOD == 0]
     return {s + STRIDE * e for s in starts for e in range(ENVS)}
 
 
-@pytest.mark.parametrize("kind", ["replay", "trajectory", "transition"])
+KINDS = ["replay", "trajectory", "trajectory, period", "transition", "episode"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_anchor_once_per_pass_with_adds_between(kind, platform_path):
-    capacity, batch = 13, 4
+    capacity, batch = (12 if kind == "trajectory, period" else 13), 4
     buffer = make(kind, capacity, batch)
     add, next_batch = jax.jit(buffer.add), jax.jit(buffer.next_batch)
     rng = np.random.default_rng(len(kind))
@@ -161,3 +176,40 @@ def test_sample_and_next_batch_return_records_with_the_same_fields(vectorized):
         _, following = jax.eval_shape(buffer.next_batch, state, key)
         assert _fields_set(drawn) == _fields_set(following), buffer.config.kind
         assert ("source" in _fields_set(drawn)) == vectorized
+
+
+def _critical(df: int, z: float = 3.09) -> float:
+    """The chi-square quantile with `df` degrees of freedom at the normal quantile `z`
+    (Wilson-Hilferty; z = 3.09: one test in a thousand exceeds it by chance)."""
+    h = 2 / (9 * df)
+    return df * (1 - h + z * h**0.5) ** 3
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_pass_order_is_uniform_over_all_permutations(n):
+    """Over many keys, each of the `n!` orders of a pass of `n` anchors is equally
+    likely (chi-square at p = 0.001), with the rounds the smallest buffer gets."""
+    import itertools
+    import math
+
+    trials = 200 * math.factorial(n)
+    seeds = jax.random.bits(jax.random.key(n), (trials, 2), jnp.uint32)
+    order = jax.jit(jax.vmap(lambda seed: permutation.permute(
+        seed, jnp.arange(n, dtype=jnp.int32), jnp.int32(n), permutation.rounds(n))))  # fmt: skip
+    orders = np.asarray(order(seeds))
+    index = {p: i for i, p in enumerate(itertools.permutations(range(n)))}
+    seen = np.bincount([index[tuple(o)] for o in orders.tolist()], minlength=len(index))
+    expected = trials / len(index)
+    assert ((seen - expected) ** 2 / expected).sum() < _critical(len(index) - 1), seen
+
+
+def test_a_pass_order_is_a_bijection_at_any_size_and_costs_nothing_outside_it():
+    sizes = [1, 2, 7, 64, 1000, 4093]
+    permute = jax.jit(permutation.permute, static_argnums=3)
+    for i, n in enumerate(sizes):
+        seed = jax.random.bits(jax.random.key(i), (2,), jnp.uint32)
+        positions = jnp.arange(n + 3, dtype=jnp.int32)  # 3 past the pass
+        got = np.asarray(permute(seed, positions, jnp.int32(n), permutation.rounds(4096)))
+        assert sorted(got[:n].tolist()) == list(range(n)) and (got[n:] == 0).all(), n
+        again = np.asarray(permute(seed, positions, jnp.int32(n), permutation.rounds(4096)))
+        np.testing.assert_array_equal(got, again)  # a key's order is reproducible

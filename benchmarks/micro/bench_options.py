@@ -1,10 +1,11 @@
 """What the epochs sampler, the rate limiter and goal relabeling cost, against plain buffers.
 
 - epochs: `next_batch` of a replay buffer with `sampler=jaxbuf.epochs()` against
-  `sample` with the uniform sampler, capacity 1e5 full of {obs: float32[64]},
-  B = 256. A pass of 1e5 items is 391 batches; the first of them sorts 1e5
-  random keys, which the per-batch time includes on average (the calls run
-  through whole passes).
+  `sample` with the uniform sampler, capacity 1e5 (and 1e6: `epochs at 1e6`) full
+  of {obs: float32[64]}, B = 256. A pass of 1e5 items is 391 batches; the calls
+  run through whole passes, so a pass's beginning is included on average. A call
+  evaluates the pass's permutation at its 256 positions only, so its cost does not
+  grow with the capacity.
 - rate limiter: a jitted `lax.scan` of 1000 steps that adds 8 items and samples
   256, without and with `sample_to_insert_ratio(32, ...)` gating both: by masked
   writes (`add(..., where=)`, the documented way) and through `lax.cond` (the
@@ -32,15 +33,15 @@ from benchmarks.common import command_line, interleaved_times, write_results
 CAPACITY, BATCH, ADD = 100_000, 256, 8
 
 
-def full(sampler):
-    buffer = jaxbuf.make_replay_buffer(CAPACITY, BATCH, sampler=sampler)
-    items = {"obs": jax.random.normal(jax.random.key(0), (CAPACITY, 64))}
+def full(sampler, capacity: int = CAPACITY):
+    buffer = jaxbuf.make_replay_buffer(capacity, BATCH, sampler=sampler)
+    items = {"obs": jax.random.normal(jax.random.key(0), (capacity, 64))}
     return buffer, buffer.add(buffer.init({"obs": jnp.zeros(64)}), items)
 
 
-def epochs_case(calls: int, repeats: int) -> dict:
-    uniform, ustate = full(jaxbuf.uniform())
-    epochs, estate = full(jaxbuf.epochs())
+def epochs_case(calls: int, repeats: int, capacity: int = CAPACITY) -> dict:
+    uniform, ustate = full(jaxbuf.uniform(), capacity)
+    epochs, estate = full(jaxbuf.epochs(), capacity)
     sample, next_batch = jax.jit(uniform.sample), jax.jit(epochs.next_batch, donate_argnums=0)
     keys = iter(jax.random.split(jax.random.key(1), 1_000_000))
     holder = [estate]
@@ -143,6 +144,7 @@ def main() -> None:
     calls, repeats = (20, 3) if args.quick else (391, 7)
     rows = []
     cases = {"epochs": epochs_case(calls, repeats),
+             "epochs at 1e6": epochs_case(calls, repeats, 10 * CAPACITY),
              "rate limiter": limiter_case(2 if args.quick else 5, repeats),
              "hindsight": hindsight_case(calls, repeats)}  # fmt: skip
     for case, times in cases.items():

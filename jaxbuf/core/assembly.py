@@ -64,7 +64,7 @@ def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
     """
 
     def allocate(example: PyTree) -> Any:
-        return layout.init(example).replace(sampler=sampler.init(layout.num_slots))
+        return layout.init(example).replace(sampler=sampler.init(layout.num_slots, layout.groups))
 
     # the example is closed over, not abstracted: the layout's own checks name its leaves
     _footprint.refuse_unfit(lambda: allocate(example), example)

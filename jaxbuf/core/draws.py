@@ -24,7 +24,8 @@ from jaxbuf.core import lowering as _lowering
 _GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive counters
 
 
-def _fmix32(x: jax.Array) -> jax.Array:
+def mix(x: jax.Array) -> jax.Array:
+    """murmur3's finalizer `fmix32`: a bijection of uint32 words with full avalanche."""
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x85EBCA6B)
     x = x ^ (x >> 13)
@@ -32,11 +33,20 @@ def _fmix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
+def seed_of(key: jax.Array) -> jax.Array:
+    """uint32 `[2]`: the seed that `words_of` expands, drawn from `key`."""
+    return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def words_of(seed: jax.Array, count: int) -> jax.Array:
+    """`count` pseudo-random uint32 words of a seed (uint32 `[2]`)."""
+    counter = jnp.arange(count, dtype=jnp.uint32)
+    return mix(mix(counter * jnp.uint32(_GOLDEN) + seed[0]) ^ seed[1])
+
+
 def random_words(key: jax.Array, count: int) -> jax.Array:
     """`count` pseudo-random uint32 words derived from `key`."""
-    seed = jax.random.bits(key, (2,), jnp.uint32)
-    counter = jnp.arange(count, dtype=jnp.uint32)
-    return _fmix32(_fmix32(counter * jnp.uint32(_GOLDEN) + seed[0]) ^ seed[1])
+    return words_of(seed_of(key), count)
 
 
 def scale_below(words: jax.Array, n: jax.Array) -> jax.Array:

@@ -22,7 +22,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuf.core import draws as _draws
-from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import permutation as _permutation
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Config, PyTree, _Record
 from jaxbuf.core.sumtree import tree as _sumtree
@@ -83,7 +83,7 @@ class Sampler(_Record):
     """
 
     config: Config
-    init: Callable[[int], PyTree]
+    init: Callable[[int, int], PyTree]  # (num_slots, groups)
     draw: Callable[..., Drawn]
     after_add: Callable[[PyTree, Changes], PyTree]
     available: Callable[[Any, Any], jax.Array]
@@ -136,7 +136,7 @@ def uniform(replacement: bool = True) -> Sampler:
         return jnp.sum(layout.counts(state)) > 0
 
     config = Config(kind="uniform", replacement=replacement)
-    return Sampler(config, lambda num_slots: None, draw, lambda s, changes: s, available)
+    return Sampler(config, lambda num_slots, groups: None, draw, lambda s, changes: s, available)
 
 
 def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Sampler:
@@ -190,7 +190,7 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
     alpha = _validation.check_fraction("priority_exponent", priority_exponent)
     stratified = _validation.check_bool("stratified", stratified)
 
-    def init(num_slots: int) -> PriorityState:
+    def init(num_slots: int, groups: int) -> PriorityState:
         return PriorityState(
             tree=_sumtree.init(num_slots),
             max_priority=jnp.ones((), jnp.float32),
@@ -317,16 +317,25 @@ def _check_importance_exponent(value: Any) -> None:
 
 
 class EpochState(struct.PyTreeNode):
-    """The `epochs` sampler's state: the current pass over the stored anchors.
+    """The epochs sampler's state: where the current pass stands.
+
+    A pass is a keyed permutation of the anchors drawable when it began, ranked
+    group by group (`ends`), each group's at equal steps from its first slot
+    (`first`, `stride`); a call evaluates the permutation at its batch's positions
+    only (`jaxbuf.core.permutation`).
 
     Attributes:
-      order: int32 `[num_slots]`, the slots of the pass in shuffled order (the
-        first `size`).
-      member: bool `[num_slots]`, whether a slot still holds the anchor it held
-        when the pass began (an `add` that overwrites or creates it clears it).
-      size: int32 scalar, the anchors in the pass.
-      cursor: int32 scalar, how many of them were handed out.
-      epoch: int32 scalar, the passes begun (saturating).
+      changed: int32 `[num_slots]`, the pass (`epoch`) during which each slot last
+        started or stopped being drawable: an anchor stamped with the current pass
+        was overwritten since it began, and is skipped.
+      first: int32 `[groups]`, each group's first anchor (a slot) when the pass began.
+      stride: int32 `[groups]`, the slots between a group's consecutive anchors.
+      ends: int32 `[groups]`, the running sum of the anchors per group when the
+        pass began.
+      seed: uint32 `[2]`, the pass's permutation key.
+      size: int32 scalar, the anchors in the current pass.
+      cursor: int32 scalar, the anchors of the pass handed out so far.
+      epoch: int32 scalar, the passes begun (saturating at 2**31 - 1).
 
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
@@ -337,8 +346,11 @@ class EpochState(struct.PyTreeNode):
       (1, 6, 4)
     """
 
-    order: jax.Array
-    member: jax.Array
+    changed: jax.Array
+    first: jax.Array
+    stride: jax.Array
+    ends: jax.Array
+    seed: jax.Array
     size: jax.Array
     cursor: jax.Array
     epoch: jax.Array
@@ -357,12 +369,11 @@ def epochs() -> Sampler:
     returns what `next_batch` would, without moving on. `state.sampler.epoch`
     counts the passes begun.
 
-    Each pass begins with a sort of `num_slots` random keys (O(N log N)); the
-    state holds 5 bytes per slot. Where lowered for CPU the sort runs once per
-    pass, behind a `lax.cond`; for GPUs and TPUs, where a `cond` sends its
-    predicate to the host, every call computes the next pass's order and keeps
-    it only when a pass begins (`jnp.where`): no branch, one sort per call. The
-    batches are the same on every platform.
+    A pass's order is a keyed permutation of its anchors (the swap-or-not
+    shuffle, `6 ceil(log2 num_slots)` rounds), evaluated at each batch's
+    positions only: a call costs O(`sample_batch_size` x rounds) plus
+    O(environments) when a pass begins, never O(capacity), on every platform and
+    without a branch. The state holds 4 bytes per slot.
 
     Returns:
       A `Sampler` for the `sampler=` argument of the `make_*` factories.
@@ -379,56 +390,62 @@ def epochs() -> Sampler:
       [0, 1, 2, 3, 4, 5]
     """
 
-    def init(num_slots: int) -> EpochState:
-        zero = jnp.zeros((), jnp.int32)
-        return EpochState(order=jnp.zeros(num_slots, jnp.int32),
-                          member=jnp.zeros(num_slots, bool), size=zero, cursor=jnp.int32(0),
-                          epoch=jnp.int32(0))  # fmt: skip
+    def init(num_slots: int, groups: int) -> EpochState:
+        zero, per_group = jnp.int32(0), jnp.zeros(groups, jnp.int32)
+        return EpochState(changed=jnp.full(num_slots, -1, jnp.int32), first=per_group,
+                          stride=per_group, ends=per_group, seed=jnp.zeros(2, jnp.uint32),
+                          size=zero, cursor=zero, epoch=zero)  # fmt: skip
 
     def after_add(state: EpochState, changes: Changes) -> EpochState:
-        member, num_slots = state.member, state.member.shape[0]
+        changed, num_slots = state.changed, state.changed.shape[0]
         for slots in (changes.cleared, changes.filled):
             if slots is not None:  # -1 pads, and the rest: out of bounds, dropped
                 slots = jnp.where(slots >= 0, slots, num_slots)
-                member = member.at[slots].set(False, mode="drop")
-        return state.replace(member=member)
+                changed = changed.at[slots].set(state.epoch, mode="drop")
+        return state.replace(changed=changed)
 
-    def begin(layout, state, key) -> EpochState:
-        slots = jnp.arange(layout.num_slots, dtype=jnp.int32)
-        drawable = layout.usable(state, slots)
-        ranks = jnp.where(
-            drawable, jax.random.bits(key, slots.shape, jnp.uint32) >> 1, jnp.uint32(2**31)
-        )
-        size = jnp.sum(drawable, dtype=jnp.int32)
-        fresh = EpochState(order=jnp.argsort(ranks).astype(jnp.int32), member=drawable,
-                           size=size, cursor=jnp.int32(0),
-                           epoch=_validation.count_up(state.sampler.epoch, size > 0))  # fmt: skip
-        # Under `shard_map` both branches of the `cond` must vary over the same mesh
-        # axes: a `where` on the old state gives each new leaf the old one's (it
-        # selects the new value everywhere; XLA drops it).
-        return jax.tree.map(lambda new, old: jnp.where(old == old, new, new), fresh,
-                            state.sampler)  # fmt: skip
+    def begin(layout, state, key) -> dict[str, jax.Array]:
+        """The fields of the pass that begins now: O(groups)."""
+        groups = jnp.arange(layout.groups, dtype=jnp.int32)
+        first = layout.flatten(layout.slot(state, groups, jnp.zeros_like(groups)))
+        second = layout.flatten(layout.slot(state, groups, jnp.ones_like(groups)))
+        ends = _draws.running_sum(jnp.broadcast_to(layout.counts(state), (layout.groups,)))
+        epoch = _validation.count_up(state.sampler.epoch, ends[-1] > 0)
+        return {"first": first, "stride": (second - first) % _span(layout), "ends": ends,
+                "seed": _draws.seed_of(key), "size": ends[-1], "cursor": jnp.int32(0),
+                "epoch": epoch}  # fmt: skip
 
     def draw(layout, state, key, count: int) -> Drawn:
-        current = state.sampler
-        ended = current.cursor >= current.size
-
-        def branch() -> EpochState:  # CPU: shuffle only when a pass begins
-            return jax.lax.cond(ended, lambda: begin(layout, state, key), lambda: current)
-
-        def select() -> EpochState:  # accelerators: no host round trip for the predicate
-            fresh = begin(layout, state, key)
-            return jax.tree.map(lambda new, old: jnp.where(ended, new, old), fresh, current)
-
-        current = _lowering.branch_or_mask(branch=branch, mask=select)
+        current, fresh = state.sampler, begin(layout, state, key)
+        ended = current.cursor >= current.size  # no branch: the new pass's fields, selected
+        current = current.replace(**{name: jnp.where(ended, value, getattr(current, name))
+                                     for name, value in fresh.items()})  # fmt: skip
         positions = current.cursor + jnp.arange(count, dtype=jnp.int32)
-        slots = current.order[jnp.minimum(positions, layout.num_slots - 1)]
-        valid = (positions < current.size) & current.member[slots] & layout.usable(state, slots)
+        slots = _pass_slots(layout, current, positions)
+        valid = (positions < current.size) & (current.changed[slots] != current.epoch)
         after = current.replace(cursor=jnp.minimum(current.cursor + count, current.size))
-        return Drawn(slots, layout.place(slots), valid, state=after)
+        return Drawn(slots, layout.place(slots), valid & layout.usable(state, slots), state=after)
 
     def available(layout, state) -> jax.Array:
         return jnp.sum(layout.counts(state)) > 0
 
     config = Config(kind="epochs")
     return Sampler(config, init, draw, after_add, available, advances=True)
+
+
+def _span(layout) -> int:
+    """The slots of each group (every group has as many)."""
+    return layout.num_slots // layout.groups
+
+
+def _pass_slots(layout, current: EpochState, positions: jax.Array) -> jax.Array:
+    """The slots at `positions` of the current pass: the permuted rank, its group and
+    member, and the member's slot, counted from the group's first at `stride`s."""
+    rounds = _permutation.rounds(layout.num_slots)
+    ranks = _permutation.permute(current.seed, positions, current.size, rounds)
+    counts = jnp.diff(current.ends, prepend=0)
+    group, member = _draws.locate(ranks, counts, current.ends)
+    base = group * _span(layout)
+    first = _draws.take_small(current.first, group) - base
+    step = _draws.take_small(current.stride, group) * member
+    return base + (first + step) % _span(layout)
