@@ -391,10 +391,10 @@ def epochs() -> Sampler:
     """
 
     def init(num_slots: int, groups: int) -> EpochState:
-        zero, per_group = jnp.int32(0), jnp.zeros(groups, jnp.int32)
-        return EpochState(changed=jnp.full(num_slots, -1, jnp.int32), first=per_group,
-                          stride=per_group, ends=per_group, seed=jnp.zeros(2, jnp.uint32),
-                          size=zero, cursor=zero, epoch=zero)  # fmt: skip
+        # distinct arrays, each made anew: a donated state may not hold one buffer twice
+        zeros = [jnp.zeros(shape, jnp.int32) for shape in ((groups,),) * 3 + ((),) * 3]
+        return EpochState(jnp.full(num_slots, -1, jnp.int32), *zeros[:3],
+                          jnp.zeros(2, jnp.uint32), *zeros[3:])  # fmt: skip
 
     def after_add(state: EpochState, changes: Changes) -> EpochState:
         changed, num_slots = state.changed, state.changed.shape[0]
