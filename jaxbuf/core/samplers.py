@@ -398,8 +398,11 @@ def epochs() -> Sampler:
 
     def after_add(state: EpochState, changes: Changes) -> EpochState:
         changed, num_slots = state.changed, state.changed.shape[0]
-        for slots in (changes.cleared, changes.filled):
-            if slots is not None:  # -1 pads, and the rest: out of bounds, dropped
+        filled = (
+            changes.filled if changes.keep is None else jnp.where(changes.keep, changes.filled, -1)
+        )
+        for slots in (changes.cleared, filled):
+            if slots is not None:  # -1 pads (and filled slots not kept): out of bounds, dropped
                 slots = jnp.where(slots >= 0, slots, num_slots)
                 changed = changed.at[slots].set(state.epoch, mode="drop")
         return state.replace(changed=changed)

@@ -310,11 +310,19 @@ def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate =
     if any(_hosted.on_host(ring) for ring in jax.tree.leaves(rings)):  # leaf by leaf
         return jax.tree.map(functools.partial(_write_leaf_times, position=position, where=where),
                             rings, steps)  # fmt: skip
-    if jax.tree_util.tree_leaves(steps)[0].shape[1] > 1:
+    window = functools.partial(_write_column, position=position, where=where)
+    length, capacity = jax.tree_util.tree_leaves(steps)[0].shape[1], capacity_of(rings, 1)
+    if length == 1:  # one step per row: one column, never wrapping, one slice update
+        return jax.tree.map(window, rings, steps)
+
+    def rows() -> PyTree:  # row by row, wrapping
         return jax.vmap(write, in_axes=(0, None, 0, None))(rings, position, steps, where)
-    # one step per row: one column, never wrapping, one slice update of it per leaf
-    column = functools.partial(_write_column, position=position, where=where)
-    return jax.tree.map(column, rings, steps)
+
+    def windows() -> PyTree:  # CPU: one slice update per leaf where the steps do not wrap
+        fits = position + length <= capacity
+        return jax.lax.cond(fits, lambda: jax.tree.map(window, rings, steps), rows)
+
+    return _lowering.copies_or_scatter(copies=windows, scatter=rows)
 
 
 def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, where: Gate):
@@ -325,12 +333,12 @@ def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, wh
 
 
 def _write_column(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
-    """One step of every environment (`values` `[num_envs, 1, ...]`) into time `position`
-    of `column` `[num_envs, capacity, ...]`: one slice update on every platform, as
-    Flashbax writes its time column. On CPU a memory copy, where a per-environment
-    scatter or slice pair would read and write it several times; on accelerators one
-    kernel without index arrays (not a scatter of `num_envs` (environment, time)
-    pairs). With `where` false the column is kept."""
+    """`T` steps of every environment (`values` `[num_envs, T, ...]`) into times
+    `[position, position + T)` of `column` `[num_envs, capacity, ...]`, which must not
+    wrap: one slice update, as Flashbax writes its time column. On CPU a memory copy,
+    where a per-environment scatter or slice pair would read and write it several
+    times; on accelerators one kernel without index arrays (not a scatter of
+    `num_envs` (environment, time) pairs). With `where` false the column is kept."""
     if where is not None:
         old = jax.lax.dynamic_slice_in_dim(column, position, 1, axis=1)
         values = jnp.where(where, values, old)

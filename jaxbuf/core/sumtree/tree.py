@@ -79,8 +79,16 @@ def update(
 
 
 def _update_sequential(tree, indices, values, keep) -> SumTreeState:
-    """One leaf after another (so the last occurrence wins), each path in a scalar loop."""
+    """One leaf after another (so the last occurrence wins), each path in a scalar loop
+    that stops below the lowest ancestor it shares with the next entry's leaf: that
+    entry, or the last one below the ancestor, recomputes it after every leaf below
+    it is final. Entries in order along the leaves (a kind's runs of new rows) walk a
+    level or two each; the last walks to the root."""
     offset = leaf_offset(tree)
+    rows = jnp.clip(indices, 0, offset - 1) + offset  # a skipped entry writes no leaf
+    following = jnp.append(rows[1:], rows[-1:] ^ (1 << depth(tree)))  # the last: the root
+    shared = 32 - jax.lax.clz(rows ^ following)  # the level of the lowest common ancestor
+    walks = jnp.maximum(shared - 1, 0)
 
     def level(_, carry):
         row, sums, minima = carry
@@ -93,21 +101,19 @@ def _update_sequential(tree, indices, values, keep) -> SumTreeState:
 
     def one(carry, entry):
         sums, minima = carry
-        index, value, kept = entry[0], entry[1][None], entry[2][None]
-        row = jnp.where(entry[2], index, 0) + offset
-        # A skipped entry (its index may be -1) rewrites leaf 0's old value and
-        # recomputes its unchanged path. Each array's old leaf is read from that
-        # array alone: a read of `sums` in the write of `minima` would make XLA
-        # copy `sums` first.
+        row, value, kept, walk = entry[0], entry[1][None], entry[2][None], entry[3]
+        # Each array's old leaf is read from that array alone: a read of `sums` in the
+        # write of `minima` would make XLA copy `sums` first.
         old_sum = jax.lax.dynamic_slice(sums, (row,), (1,))
         old_min = jax.lax.dynamic_slice(minima, (row,), (1,))
         sums = jax.lax.dynamic_update_slice(sums, jnp.where(kept, value, old_sum), (row,))
         low = jnp.where(kept, positive_or_inf(value), old_min)
         minima = jax.lax.dynamic_update_slice(minima, low, (row,))
-        _, sums, minima = jax.lax.fori_loop(0, depth(tree), level, (row, sums, minima))
+        _, sums, minima = jax.lax.fori_loop(0, walk, level, (row, sums, minima))
         return (sums, minima), None
 
-    (sums, minima), _ = jax.lax.scan(one, (tree.sums, tree.minima), (indices, values, keep))
+    entries = (rows, values, keep, walks)
+    (sums, minima), _ = jax.lax.scan(one, (tree.sums, tree.minima), entries)
     return with_minimum(sums, minima)
 
 
