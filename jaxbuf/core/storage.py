@@ -169,7 +169,7 @@ def write(experience: PyTree, position: jax.Array, items: PyTree, where: Gate = 
             return _write_host(column, values, position, where)
         if column.dtype.itemsize * np.prod(column.shape[1:]) < _lowering.WIDE_ROW:
             return scatter(column, values)
-        slices = _write_rows if batch <= _lowering.FEW_ROWS else _write_slices
+        slices = _write_rows if batch <= _lowering.FEW_ROWS else _write_window_or_slices
         cpu = lambda: slices(column, values, position, where)  # noqa: E731
         return _lowering.copies_or_scatter(copies=cpu, scatter=lambda: scatter(column, values))
 
@@ -209,6 +209,15 @@ def _write_rows(column: jax.Array, values: jax.Array, position: jax.Array, where
         return jax.lax.dynamic_update_slice_in_dim(column, row, (position + j) % capacity, 0)
 
     return jax.lax.fori_loop(0, count, one, column)
+
+
+def _write_window_or_slices(column: jax.Array, values: jax.Array, position: jax.Array,
+                            where: Gate) -> jax.Array:  # fmt: skip
+    """`write` of one device leaf on CPU: one slice update where the rows do not wrap
+    (a `lax.cond`, free on CPU), else `_write_slices`."""
+    fits = position + values.shape[0] <= column.shape[0]
+    window = functools.partial(_write_column, column, values, position, where, axis=0)
+    return jax.lax.cond(fits, window, lambda: _write_slices(column, values, position, where))
 
 
 def _write_slices(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
@@ -332,17 +341,20 @@ def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, wh
     return write_times(ring, position, steps, where)
 
 
-def _write_column(column: jax.Array, values: jax.Array, position: jax.Array, where: Gate):
+def _write_column(
+    column: jax.Array, values: jax.Array, position: jax.Array, where: Gate, axis: int = 1
+) -> jax.Array:
     """`T` steps of every environment (`values` `[num_envs, T, ...]`) into times
     `[position, position + T)` of `column` `[num_envs, capacity, ...]`, which must not
     wrap: one slice update, as Flashbax writes its time column. On CPU a memory copy,
     where a per-environment scatter or slice pair would read and write it several
     times; on accelerators one kernel without index arrays (not a scatter of
-    `num_envs` (environment, time) pairs). With `where` false the column is kept."""
+    `num_envs` (environment, time) pairs). With `where` false the column is kept.
+    (`axis=0`: rows `[position, position + B)` of a ring of items.)"""
     if where is not None:
-        old = jax.lax.dynamic_slice_in_dim(column, position, 1, axis=1)
+        old = jax.lax.dynamic_slice_in_dim(column, position, values.shape[axis], axis=axis)
         values = jnp.where(where, values, old)
-    return jax.lax.dynamic_update_slice_in_dim(column, values, position, axis=1)
+    return jax.lax.dynamic_update_slice_in_dim(column, values, position, axis=axis)
 
 
 def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> int:
