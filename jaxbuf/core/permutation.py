@@ -44,7 +44,7 @@ def permute(seed: jax.Array, positions: jax.Array, n: jax.Array, count: int) -> 
       count: the static number of rounds (`rounds(most)`).
 
     Returns:
-      int32 `[B]` in `[0, n)`: a bijection of `[0, n)` for every seed and `n`.
+      int32 `[B]` in `[0, n)`, a bijection of `[0, n)` for every seed and `n`.
     """
     n = jnp.maximum(n, 1).astype(jnp.int32)
     words = _draws.words_of(seed, 2 * count)

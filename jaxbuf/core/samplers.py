@@ -392,9 +392,13 @@ def epochs() -> Sampler:
 
     def init(num_slots: int, groups: int) -> EpochState:
         # distinct arrays, each made anew: a donated state may not hold one buffer twice
-        zeros = [jnp.zeros(shape, jnp.int32) for shape in ((groups,),) * 3 + ((),) * 3]
-        return EpochState(jnp.full(num_slots, -1, jnp.int32), *zeros[:3],
-                          jnp.zeros(2, jnp.uint32), *zeros[3:])  # fmt: skip
+        def zeros(*shape: int) -> jax.Array:
+            return jnp.zeros(shape, jnp.int32)
+
+        return EpochState(changed=jnp.full(num_slots, -1, jnp.int32), first=zeros(groups),
+                          stride=zeros(groups), ends=zeros(groups),
+                          seed=jnp.zeros(2, jnp.uint32), size=zeros(), cursor=zeros(),
+                          epoch=zeros())  # fmt: skip
 
     def after_add(state: EpochState, changes: Changes) -> EpochState:
         changed, num_slots = state.changed, state.changed.shape[0]
