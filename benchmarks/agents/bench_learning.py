@@ -1,5 +1,8 @@
 """What the example agents learn, over 5 seeds: every buffer kind in real training.
 
+- DQN (`jaxbuf.examples.dqn_cartpole`, replay buffer) and PPO
+  (`jaxbuf.examples.ppo_cartpole`, rollout buffer with GAE) on CartPole-v1, as the
+  demo runs them: the greedy return (of 500) on 64 fresh episodes;
 - recurrent Q-learning (`jaxbuf.examples.rdqn_cartpole`, trajectory buffer with
   stored recurrent state and burn-in) on CartPole-v1 without velocities, and the
   same agent feed-forward (no memory), and with prioritized sequences: the
@@ -31,7 +34,7 @@ import time
 import numpy as np
 
 from benchmarks.common import environment, write_results
-from jaxbuf.examples import offline_cql, rdqn_cartpole, sac_pendulum
+from jaxbuf.examples import dqn_cartpole, offline_cql, ppo_cartpole, rdqn_cartpole, sac_pendulum
 
 
 def runs(quick: bool) -> list[tuple[str, str, int, object]]:
@@ -39,6 +42,8 @@ def runs(quick: bool) -> list[tuple[str, str, int, object]]:
     tiny = {"total_timesteps": 20_000, "num_chunks": 2} if quick else {}
     seeds = 2 if quick else 5
     return [
+        ("DQN (replay)", "the demo's", seeds, lambda s: dqn_cartpole.main(s, True)),
+        ("PPO (rollout, GAE)", "the demo's", seeds, lambda s: ppo_cartpole.main(s, True)),
         ("recurrent Q (trajectory)", "recurrent", seeds,
          lambda s: rdqn_cartpole.main(s, True, config=tiny)),
         ("recurrent Q (trajectory)", "feed-forward", seeds,

@@ -1,0 +1,153 @@
+"""Every measured figure the README and the documentation quote is in the results file they link.
+
+A page quotes a figure (a decimal such as 0.92, or a count of times, microseconds, bytes:
+`8.7×`, `25 µs`) in a paragraph, list item or table. The results files it may come from are
+the `results/*.md` (or `.log`) links of that block or, for a table without links, of the
+paragraph that introduced it in the same section. A block with no results file quotes no
+figure: a bare decimal there counts as one only where the block speaks of measuring. The
+figure must appear in one of those files, at the page's precision (`0.9` matches a file's
+`0.90` or `0.904`), or the block derives it from figures that do:
+`<!-- derived: 8.7 = 411054 / 47409 -->`. Code, link targets, versions (`JAX 0.10.2`),
+settings (`γ = 0.9`) and shapes (`84×84`) are not figures.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = [
+    ROOT / "README.md",
+    *sorted(set((ROOT / "docs").glob("*.md")) - {ROOT / "docs/changelog.md"}),
+]
+TIMES = "\u00d7"  # the multiplication sign of "8.7x"
+LINK = re.compile(
+    r"\]\(((?:\.\./)*(?:benchmarks/)?results/[\w./-]+?\.(?:md|log|txt))(?:#[-\w]*)?\)"
+)
+DERIVED = re.compile(r"<!-- derived: ([\d.]+) = ([\d.+\-*/() ]+) -->")
+UNIT = rf"(?:{TIMES}|\s?µs\b|\s?ms\b|\s?GiB\b|\s?MiB\b|\s?%|\s?s\b)"
+NUMBER = re.compile(
+    rf"(?<![\w.{TIMES}/-])(\d[\d,]*\.\d+|\d[\d,]*(?={UNIT}))(?![\w.]*\d)(?![+{TIMES}]\d)"
+)
+# A block with no results link quotes figures where it speaks of measuring; elsewhere its
+# bare decimals are versions or settings ("Gymnasium 1.0", "below 0.10").
+MEASURED = re.compile(
+    rf"measured|faster|slower|\btimes?\b|{TIMES}|µs|steps/s|median|fastest|\bratio|of its time",
+    re.IGNORECASE,
+)
+VERSION = re.compile(
+    r"(?:jax|jaxlib|python|gymnasium|gymnax|brax|playground|mujoco|ale-py|flashbax|cpprb|"
+    r"torch|sb3|jaxbuf|cuda|flax|orbax|pyright|version|versions|release|v)\s*$",
+    re.IGNORECASE,
+)
+
+
+def prose(block: str) -> str:
+    """The block without code spans, link targets, derivations and shapes."""
+    block = re.sub(r"`[^`]*`", " ", block)
+    block = re.sub(r"\]\([^)]*\)", "]", block)
+    block = DERIVED.sub(" ", block)
+    return re.sub(rf"\d+{TIMES}\d+(?:{TIMES}\d+)?", " ", block)
+
+
+def figures(block: str, bare: bool = True) -> list[str]:
+    """The measured figures a block quotes; with `bare` false, only those with a unit."""
+    text, found = prose(block), []
+    for match in NUMBER.finditer(text):
+        before = text[max(0, match.start() - 14) : match.start()]
+        after = text[match.end() : match.end() + 2]
+        if VERSION.search(before) or re.search(r"[=≤≥<>]\s*$", before) or after[:1] == "+":
+            continue
+        if bare or re.match(UNIT, text[match.end() :]):
+            found.append(match.group(1).replace(",", ""))
+    return found
+
+
+def numbers_in(files: list[pathlib.Path]) -> list[str]:
+    return [n.replace(",", "") for f in files for n in re.findall(r"\d[\d,]*\.?\d*", f.read_text())]
+
+
+def held(figure: str, numbers: list[str]) -> bool:
+    """Whether `figure` is one of `numbers` at the figure's precision."""
+    places = len(figure.partition(".")[2])
+    for number in numbers:
+        try:
+            value = float(number)
+        except ValueError:
+            continue
+        if len(number.partition(".")[2]) >= places and f"{value:.{places}f}" == figure:
+            return True
+    return False
+
+
+def blocks(text: str):
+    """(block, the results files that govern it) for each block of a page."""
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    lead: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        if block.lstrip().startswith("#"):
+            lead = []
+            continue
+        links = LINK.findall(block)
+        yield block, links or (lead if block.lstrip().startswith("|") else [])
+        if links:
+            lead = links
+
+
+def problems(page: pathlib.Path) -> list[str]:
+    """What the page quotes that its results files do not hold."""
+    found = []
+    for block, links in blocks(page.read_text()):
+        # without a results file, bare decimals are versions or settings unless the block
+        # speaks of measuring
+        quoted = figures(block, bare=bool(links) or bool(MEASURED.search(prose(block))))
+        if not quoted and not DERIVED.search(block):
+            continue
+        files = [RESULTS / pathlib.Path(link).name for link in links]
+        missing = [str(f.relative_to(ROOT)) for f in files if not f.exists()]
+        where = block.strip().splitlines()[0][:80]
+        if missing or not files:
+            found.append(f"{where!r}: {quoted} with {'no results link' if not files else missing}")
+            continue
+        numbers = numbers_in(files)
+        for figure, expression in DERIVED.findall(block):
+            operands = re.findall(r"\d+\.?\d*", expression)
+            places = len(figure.partition(".")[2])
+            wrong = f"{eval(expression):.{places}f}" != figure  # digits and + - * / ( ) only
+            if wrong or not all(held(x, numbers) for x in operands):
+                found.append(f"{where!r}: the derivation {figure} = {expression} does not hold")
+        derived = {figure for figure, _ in DERIVED.findall(block)}
+        absent = [f for f in quoted if f not in derived and not held(f, numbers)]
+        if absent:
+            found.append(f"{where!r}: {absent} not in {[f.name for f in files]}")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_quoted_figure_is_in_the_results_file_the_page_links(page):
+    assert problems(page) == []
+
+
+def test_the_check_fails_on_a_figure_the_file_lacks(tmp_path):
+    table = sorted(RESULTS.glob("*_cpu.md"))[0].name
+    good = f"Measured ([table](results/{table})): nothing quoted.\n"
+    page = tmp_path / "page.md"
+    page.write_text(good)
+    assert problems(page) == []
+    page.write_text(good + f"\n| a | b |\n|---|---|\n| x | 123456.789{TIMES} |\n")
+    assert "123456.789" in problems(page)[0]
+    page.write_text("Unlinked: 0.93 of its time.\n")
+    assert "no results link" in problems(page)[0]
+    page.write_text(f"[t](results/{table}) <!-- derived: 2.5 = 5 / 3 -->\n")
+    assert "does not hold" in problems(page)[0]
+
+
+def test_versions_settings_and_shapes_are_not_figures():
+    text = f"JAX 0.10.2, Python 3.11, `prioritized(0.6)`, \u03b3 = 0.9, 84{TIMES}84, Brax 0.14+"
+    assert figures(text) == []
+    quoted = f"0.92 of its time, 8.7{TIMES} faster, 25 µs, 1,024 ms"
+    assert figures(quoted) == ["0.92", "8.7", "25", "1024"]
