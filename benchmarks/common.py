@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 import time
 from collections.abc import Callable
 
@@ -48,6 +49,8 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "threads": threads(),
+        "command": command(),
         "versions": {
             p: _version(p)
             for p in (
@@ -63,6 +66,25 @@ def environment() -> dict:
             )
         },
     }
+
+
+def command() -> str:
+    """How this process was started: `python -m <module> <arguments>`."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    start = f"-m {spec.name}" if spec else pathlib.Path(sys.argv[0]).name
+    return " ".join(["python", start, *sys.argv[1:]])
+
+
+def threads() -> str:
+    """The threads the measured libraries ran on: XLA's CPU client uses every core this
+    process may run on; torch its own count (where it was imported); any override."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    said = [f"XLA on {cores} cores"]
+    if "torch" in sys.modules:
+        said.append(f"torch {sys.modules['torch'].get_num_threads()} threads")
+    said += [f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "XLA_FLAGS")
+             if os.environ.get(name)]  # fmt: skip
+    return ", ".join(said)
 
 
 def resident_bytes() -> int:
@@ -107,9 +129,9 @@ def write_results(out: str, name: str, rows: list[dict], columns: list, doc: str
         f"# {doc.strip().splitlines()[0]}",
         "",
         f"Measured {env['date']} on {env['device']} ({env['backend']}; {env['cpu']}, "
-        f"{env['cpu_count']} cores), Python {env['python']}, "
+        f"{env['cpu_count']} cores; {env['threads']}), Python {env['python']}, "
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-        + ".",
+        + f". Command: `{env['command']}`.",
         "",
         header,
         "|" + "---|" * len(columns),

@@ -151,3 +151,42 @@ def test_versions_settings_and_shapes_are_not_figures():
     assert figures(text) == []
     quoted = f"0.92 of its time, 8.7{TIMES} faster, 25 µs, 1,024 ms"
     assert figures(quoted) == ["0.92", "8.7", "25", "1024"]
+
+
+HISTORY = re.compile(
+    r"\bissues?\s+\d|before\s+(?:this|the)\s+(?:change|release|reuse|fix)|\bused\s+to\b|"
+    r"\bsince\s+issue|\bthis\s+session\b",
+    re.IGNORECASE,
+)
+CONTRIBUTING = {"architecture.md", "census.md"}  # developer pages, outside the user navigation
+
+
+USER_PAGES = [page for page in PAGES if page.name not in CONTRIBUTING]
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda page: page.name)
+def test_user_pages_say_what_to_do_not_what_happened(page):
+    """History (our issue numbers, "before this change") belongs in the changelog."""
+    found = [m.group(0) for m in HISTORY.finditer(re.sub(r"`[^`]*`", " ", page.read_text()))]
+    assert found == []
+
+
+def linked_tables() -> set[str]:
+    """The results tables the README and the pages link, by name (`scale_apart_cpu`)."""
+    return {pathlib.Path(link).stem for page in PAGES for link in LINK.findall(page.read_text())}
+
+
+def test_every_cpu_table_a_page_links_is_written_by_run_all():
+    from benchmarks.run_all import RUNS
+
+    written = {f"{table}_cpu" for run in RUNS.values() for table in run.writes}
+    assert sorted(t for t in linked_tables() if t.endswith("_cpu") and t not in written) == []
+
+
+def test_the_report_holds_every_table():
+    report = (RESULTS / "REPORT.md").read_text()
+    for table in sorted(RESULTS.glob("*_*.md")):
+        if table.stem.rsplit("_", 1)[1] in ("cpu", "gpu"):
+            lines = table.read_text().splitlines()
+            measured = [line for line in lines if line.startswith("Measured")][:1]
+            assert all(line.removeprefix("# ") in report for line in lines[:1] + measured), table

@@ -1,8 +1,9 @@
 """Draws the benchmark plots and writes `REPORT.md` from the JSON results.
 
 Run: `python -m benchmarks.reports.report [--out benchmarks/results]` (`run_all.py` runs it last).
-Reads `<name>_<backend>.json` for every backend found, writes `plots/*.png` and
-`REPORT.md` (every table, its machine and versions, and the plots) under `--out`.
+Draws `plots/*.png` from the `<name>_<backend>.json` results and writes `REPORT.md`:
+every `<name>_<backend>.md` table under `--out` (its machine, versions, settings), and
+the plots.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 
 ORDER = (
-    "agents", "hostloop", "sweep", "donation", "replay", "trajectory", "transition",
-    "prioritized", "gae", "sharding", "dataset", "checkpoint", "frames", "options", "her",
-    "learning",
+    "agents", "learning", "her", "dqn_torch", "cleanrl_dqn", "dqn_atari", "hostloop", "gap",
+    "sweep", "donation", "memory", "replay", "trajectory", "transition", "prioritized",
+    "flashbax62", "scale", "playground", "gae", "frames", "image_add", "options", "switches",
+    "host_memory", "sharding", "dataset", "checkpoint",
 )  # fmt: skip
 SECTIONS = {
     "cpu": "On a CPU",
@@ -130,7 +133,9 @@ def plot_hostloop(rows: list[dict], path: pathlib.Path) -> None:
     figure, (ax,) = _axes(1, 5.0)
     for env in dict.fromkeys(row["env"] for row in rows):
         mine = {r["buffer"]: r for r in rows if r["env"] == env}
-        blocks = sorted(int(b.split("=")[1]) for b in mine if b.startswith("jaxbuf k="))
+        if "NumPy ring" not in mine:  # the learner's rows: no share to draw
+            continue
+        blocks = sorted(int(b.split("=")[1]) for b in mine if re.fullmatch(r"jaxbuf k=\d+", b))
         line = ax.plot(blocks, [mine[f"jaxbuf k={k}"]["share"] for k in blocks], "o-",
                        label=f"jaxbuf HostLoop, {env}")[0]  # fmt: skip
         ax.axhline(mine["NumPy ring"]["share"], ls="--", lw=1, color=line.get_color(),
@@ -149,7 +154,7 @@ def plots(results: dict, folder: pathlib.Path) -> dict[str, list[str]]:
     drawn: dict[str, list[str]] = {}
     (folder / "plots").mkdir(exist_ok=True)
     for (name, backend), data in results.items():
-        rows, made = data["results"], []
+        rows, made = data.get("results", []), []  # (the agents' own scripts write others)
         if name == "sweep":
             for what in ("add", "sample"):
                 for axis in ("capacity", "batch"):
@@ -167,28 +172,45 @@ def plots(results: dict, folder: pathlib.Path) -> dict[str, list[str]]:
     return drawn
 
 
+def tables(folder: pathlib.Path) -> dict[str, list[pathlib.Path]]:
+    """Every results table in `folder`, `<name>_cpu.md` or `<name>[_<card>]_gpu.md`, by
+    backend, in `ORDER` and then by name."""
+    found: dict[str, list[pathlib.Path]] = {}
+    for path in folder.glob("*_*.md"):
+        backend = path.stem.rsplit("_", 1)[1]
+        if backend in SECTIONS:
+            found.setdefault(backend, []).append(path)
+
+    def rank(path: pathlib.Path) -> tuple[int, str]:
+        name = path.stem.rsplit("_", 1)[0]
+        first = next((i for i, known in enumerate(ORDER) if name.startswith(known)), len(ORDER))
+        return first, name
+
+    return {backend: sorted(paths, key=rank) for backend, paths in found.items()}
+
+
 def report(folder: pathlib.Path) -> pathlib.Path:
-    results = load(folder)
-    drawn = plots(results, folder)
+    """Writes `REPORT.md`: every table in `folder` (each with its machine, versions and
+    settings) and the plots the JSON results allow."""
+    drawn = plots(load(folder), folder)
     lines = [
         "# jaxbuf benchmark report",
         "",
-        "Every table below comes from one script in `benchmarks/`, which measured jaxbuf and its",
-        "peers in the same run, taking turns. Read the ratios: absolute times move with the",
-        "machine's load. Reproduce with `python -m benchmarks.run_all` (about two hours on 2",
-        "cores; `--quick` for a smoke run).",
+        "Every table below comes from one run of `benchmarks/run_all.py` (`RUNS` names the",
+        "command of each), which measured jaxbuf and its peers in the same process, taking",
+        "turns. Each table's header names its machine, CPU or GPU, threads, Python, JAX, jaxbuf",
+        "and the peers' versions; its text block gives the shapes. Read the ratios: absolute",
+        "times move with the machine's load. Reproduce with `python -m benchmarks.run_all`",
+        "(`--quick` for a smoke run).",
         "",
     ]
-    backends = sorted({backend for _, backend in results}, key=lambda b: (b != "cpu", b))
-    for backend in backends:
-        lines += ["", f"## {SECTIONS.get(backend, backend)}", ""]
-        names = [k for k in results if k[1] == backend]
-        for name, _ in sorted(names, key=lambda k: ORDER.index(k[0]) if k[0] in ORDER else 99):
-            table = folder / f"{name}_{backend}.md"
-            if table.exists():
-                text = table.read_text()
-                lines += ["", "##" + text if text.startswith("# ") else text, ""]
-            for plot in drawn.get(f"{name}_{backend}", []):
+    found = tables(folder)
+    for backend in sorted(found, key=lambda b: (b != "cpu", b)):
+        lines += ["", f"## {SECTIONS[backend]}", ""]
+        for table in found[backend]:
+            text = table.read_text()
+            lines += ["", "##" + text if text.startswith("# ") else text, ""]
+            for plot in drawn.get(table.stem, []):
                 lines += [f"![{plot}]({plot})", ""]
     path = folder / "REPORT.md"
     path.write_text("\n".join(lines))
