@@ -72,7 +72,10 @@ def command() -> str:
     """How this process was started: `python -m <module> <arguments>`."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     start = f"-m {spec.name}" if spec else pathlib.Path(sys.argv[0]).name
-    return " ".join(["python", start, *sys.argv[1:]])
+    args = sys.argv[1:]
+    if "--out" in args[:-1]:  # where the results went, not how they were measured
+        del args[args.index("--out") : args.index("--out") + 2]
+    return " ".join(["python", start, *args])
 
 
 def threads() -> str:
