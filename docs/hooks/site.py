@@ -4,7 +4,7 @@
   cells as Python blocks and their committed outputs as text blocks and PNG images. Nothing is
   executed (the test suite runs the notebooks); an error output fails the build.
 - `benchmarks/results/NAME.md` (every table but `REPORT.md`, which repeats them) becomes the page
-  `results/NAME.md`, and `benchmarks/results/plots/NAME.png` the image `plots/NAME.png`.
+  `results/NAME.md` (a GPU run's `.log` and `.txt` files join as plain files), and `benchmarks/results/plots/NAME.png` the image `plots/NAME.png`.
 """
 
 import base64
@@ -75,8 +75,8 @@ def on_files(files: Files, config) -> Files:
         for uri, data in images.items():
             files.append(File.generated(config, uri, content=data))
     results = ROOT / "benchmarks" / "results"
-    for path in sorted(results.glob("*.md")):
-        if path.name != "REPORT.md":
+    for path in sorted([*results.glob("*.md"), *results.glob("*.log"), *results.glob("*.txt")]):
+        if path.name != "REPORT.md":  # logs join as plain files, linked from the pages
             files.append(File.generated(config, f"results/{path.name}", abs_src_path=str(path)))
     for path in sorted((results / "plots").glob("*.png")):
         files.append(File.generated(config, f"plots/{path.name}", abs_src_path=str(path)))
