@@ -4,7 +4,8 @@
   cells as Python blocks and their committed outputs as text blocks and PNG images. Nothing is
   executed (the test suite runs the notebooks); an error output fails the build.
 - `benchmarks/results/NAME.md` (every table but `REPORT.md`, which repeats them) becomes the page
-  `results/NAME.md` (a GPU run's `.log` and `.txt` files join as plain files), and `benchmarks/results/plots/NAME.png` the image `plots/NAME.png`.
+  `results/NAME.md` (a GPU run's `.log` and `.txt` files join as plain files), and
+  `benchmarks/results/plots/NAME.png` the image `plots/NAME.png`.
 """
 
 import base64
