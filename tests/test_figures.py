@@ -190,3 +190,18 @@ def test_the_report_holds_every_table():
             lines = table.read_text().splitlines()
             measured = [line for line in lines if line.startswith("Measured")][:1]
             assert all(line.removeprefix("# ") in report for line in lines[:1] + measured), table
+
+
+def test_every_cpu_table_a_page_links_measured_this_release():
+    """A CPU table the pages quote was measured by this minor version (GPU tables name
+    their version where the pages quote them: a GPU is not always at hand)."""
+    import jaxbuf
+
+    release = ".".join(jaxbuf.__version__.split(".")[:2])
+    old = []
+    for name in sorted(t for t in linked_tables() if t.endswith("_cpu")):
+        header = (RESULTS / f"{name}.md").read_text()[:2000]
+        version = re.search(r"jaxbuf[ =]+(\d+\.\d+)", header)
+        if version and version.group(1) != release:
+            old.append(f"{name}: jaxbuf {version.group(1)}")
+    assert old == []
