@@ -52,7 +52,16 @@ def atari(buffer: str, size: str, steps: str) -> Run:
     return Run("agents.dqn_atari", args, (), "ale_py", standard=False)
 
 
-SCALE_SAC = ("--sac-only", "--sac-full-only")
+WIDE = "--sac-env hopper --sac-obs 67"  # hopper's observation repeated to 67 floats
+
+
+def sac(table: str, args: str) -> Run:
+    """Brax's own SAC with `jaxbuf.brax` and with Brax's queue, the queue full (`args`:
+    `bench_scale.py`'s `--sac-*` options)."""
+    arguments = ("--sac-only", "--sac-full-only", *args.split(), "--sac-table", table)
+    return Run("micro.bench_scale", arguments, (table,), "brax")
+
+
 RUNS = {
     # a Gymnasium loop feeding HostLoop against NumPy, cpprb, TorchRL; then the learner
     "hostloop": Run("micro.bench_hostloop", (), ("hostloop",)),
@@ -91,58 +100,11 @@ RUNS = {
         "micro.bench_scale", ("--users", "--table", "scale_users"), ("scale_users",), "brax"
     ),
     "scale_sac": Run("micro.bench_scale", ("--sac-only",), ("scale_sac",), "brax"),
-    "scale_sac_seeds": Run(
-        "micro.bench_scale",
-        (
-            *SCALE_SAC,
-            "--sac-seeds",
-            "3",
-            "--sac-full-size",
-            "20000",
-            "--sac-steps",
-            "10000",
-            "--sac-table",
-            "scale_sac_seeds",
-        ),
-        ("scale_sac_seeds",),
-        "brax",
+    "scale_sac_seeds": sac(
+        "scale_sac_seeds", "--sac-seeds 3 --sac-full-size 20000 --sac-steps 10000"
     ),
-    "scale_sac_wide": Run(
-        "micro.bench_scale",
-        (
-            *SCALE_SAC,
-            "--sac-env",
-            "hopper",
-            "--sac-obs",
-            "67",
-            "--sac-envs",
-            "128",
-            "--sac-seeds",
-            "3",
-            "--sac-table",
-            "scale_sac_wide",
-        ),
-        ("scale_sac_wide",),
-        "brax",
-    ),
-    "scale_sac_wide_4m": Run(
-        "micro.bench_scale",
-        (
-            *SCALE_SAC,
-            "--sac-env",
-            "hopper",
-            "--sac-obs",
-            "67",
-            "--sac-envs",
-            "256",
-            "--sac-full-size",
-            "4194304",
-            "--sac-table",
-            "scale_sac_wide_4m",
-        ),
-        ("scale_sac_wide_4m",),
-        "brax",
-    ),
+    "scale_sac_wide": sac("scale_sac_wide", f"{WIDE} --sac-envs 128 --sac-seeds 3"),
+    "scale_sac_wide_4m": sac("scale_sac_wide_4m", f"{WIDE} --sac-envs 256 --sac-full-size 4194304"),
     "playground_sac": Run("agents.playground_sac", (), ("playground_sac",), "playground"),
     "her": Run("agents.bench_her", (), ("her",)),  # DQN on HER bit flipping, 5 seeds (~25 min)
     # end-to-end training steps/s of three agents, jaxbuf against Flashbax
