@@ -53,6 +53,7 @@ def atari(buffer: str, size: str, steps: str) -> Run:
 
 
 WIDE = "--sac-env hopper --sac-obs 67"  # hopper's observation repeated to 67 floats
+PLAYGROUND = ("--sac-only", "--sac-envs", "256", "--sac-full-size", "4194304")
 
 
 def sac(table: str, args: str) -> Run:
@@ -99,7 +100,13 @@ RUNS = {
     "scale_users": Run(
         "micro.bench_scale", ("--users", "--table", "scale_users"), ("scale_users",), "brax"
     ),
+    # one table of three configurations: 64 envs and 1M, 256 envs and Playground's 4 x 1M,
+    # hopper at 256 envs and 4 x 1M, each with a queue that never fills and a full one
     "scale_sac": Run("micro.bench_scale", ("--sac-only",), ("scale_sac",), "brax"),
+    "scale_sac_256": Run("micro.bench_scale", (*PLAYGROUND, "--sac-keep"), (), "brax"),
+    "scale_sac_hopper": Run(
+        "micro.bench_scale", (*PLAYGROUND, "--sac-env", "hopper", "--sac-keep"), (), "brax"
+    ),
     "scale_sac_seeds": sac(
         "scale_sac_seeds", "--sac-seeds 3 --sac-full-size 20000 --sac-steps 10000"
     ),

@@ -31,7 +31,8 @@ steps per second between the last two evaluations (compiled by then) and the
 buffer's bytes. `--sac-env` picks another Brax environment, `--sac-obs D` repeats its
 observation to D floats (a Playground-sized observation on a cheap CPU simulation),
 `--sac-seeds` runs seeds 0, 1, ... (the buffers taking turns seed by seed), `--sac-steps`
-sets the steps after the prefill and `--sac-table` the table's name.
+sets the steps after the prefill and `--sac-table` the table's name; `--sac-keep` keeps
+the table's rows of other cases, so that one run per configuration fills one table.
 
 Needs brax and flashbax (Brax 0.14 runs on JAX <= 0.9). Run:
 `python -m benchmarks.micro.bench_scale [--quick] [--sac] [--out benchmarks/results]`.
@@ -41,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
+import pathlib
 import time
 import warnings
 
@@ -327,6 +330,8 @@ def main() -> None:
     parser.add_argument("--sac-full-only", action="store_true", help="only the full queue")
     parser.add_argument("--sac-table", default="scale_sac", help="name of the SAC table")
     parser.add_argument("--sac-steps", type=int, default=40_000, help="steps after the prefill")
+    parser.add_argument("--sac-keep", action="store_true",
+                        help="keep the rows of cases this run does not measure")  # fmt: skip
     parser.add_argument("--max-gib", type=float, default=4.0)
     parser.add_argument("--apart", action="store_true", help="also add alone and sample alone")
     parser.add_argument("--shapes", nargs="+", help="envs,batch,obs triples (the whole grid)")
@@ -373,7 +378,19 @@ def main() -> None:
         sac = (measure_sac(20_000, 65_536) if args.quick
                else measure_sac(args.sac_steps, args.sac_full_size, args.sac_envs, args.sac_seeds,
                                 args.sac_obs, args.sac_full_only))  # fmt: skip
-        write_results(args.out, args.sac_table, sac, sac_columns, __doc__)
+        write_results(args.out, args.sac_table, kept_rows(args, sac) + sac, sac_columns, __doc__)
+
+
+def kept_rows(args, rows: list[dict]) -> list[dict]:
+    """With `--sac-keep`, the rows of the SAC table already in `--out` whose case `rows`
+    does not measure (so that several runs, one per configuration, fill one table)."""
+    import jax
+
+    path = pathlib.Path(args.out) / f"{args.sac_table}_{jax.default_backend()}.json"
+    if not args.sac_keep or not path.exists():
+        return []
+    cases = {row["case"] for row in rows}
+    return [row for row in json.loads(path.read_text())["results"] if row["case"] not in cases]
 
 
 if __name__ == "__main__":
