@@ -116,7 +116,14 @@ RUNS = {
     "her": Run("agents.bench_her", (), ("her",)),  # DQN on HER bit flipping, 5 seeds (~25 min)
     # end-to-end training steps/s of three agents, jaxbuf against Flashbax
     "agents": Run("agents.bench_agents", (), ("agents",)),
-    "learning": Run("agents.bench_learning", (), ("learning",)),  # 5 seeds (~35 min)
+    # what the examples learn over 5 seeds (about 70 minutes on a 2-core AMD EPYC), and the
+    # demo's two agents alone, in a table of their own
+    "learning": Run("agents.bench_learning", (), ("learning",)),
+    "learning_demo": Run(
+        "agents.bench_learning",
+        ("--only", "the demo's", "--table", "learning_demo"),
+        ("learning_demo",),
+    ),
     "dqn_torch": Run(
         "jaxbuf.examples.dqn_torch",
         ("--out", "{out}/dqn_torch_cpu.md"),

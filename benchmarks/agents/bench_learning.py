@@ -19,8 +19,8 @@ Each seed's time is its wall time in this process, compilation included (the
 offline row: recording and offline training together).
 
 Run: `python -m benchmarks.agents.bench_learning [--quick] [--out benchmarks/results]
-[--only recurrent]` (`--only`: rerun the rows whose agent or variant holds that
-text, keeping the others of the last results file).
+[--only recurrent] [--table learning]` (`--only`: rerun the rows whose agent or variant
+holds that text, keeping the others of the table's last results file).
 """
 
 from __future__ import annotations
@@ -65,17 +65,18 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--only", default="", help="rerun only the rows holding this text")
+    parser.add_argument("--table", default="learning", help="the table's name")
     return parser.parse_args()
 
 
-def previous_rows(out: str) -> list[dict]:
-    path = pathlib.Path(out) / f"learning_{environment()['backend']}.json"
+def previous_rows(out: str, table: str) -> list[dict]:
+    path = pathlib.Path(out) / f"{table}_{environment()['backend']}.json"
     return json.loads(path.read_text())["results"] if path.exists() else []
 
 
 def main() -> None:
     args = arguments()
-    kept = previous_rows(args.out) if args.only else []
+    kept = previous_rows(args.out, args.table) if args.only else []
     rows = []
     for agent, variant, seeds, run in runs(args.quick):
         if args.only and args.only not in agent + variant:
@@ -105,7 +106,7 @@ def main() -> None:
         ("last parameters per seed", "last_returns", "{}"),
         ("slowest seed (s)", "max_seconds", "{:.0f}"),
     ]
-    write_results(args.out, "learning", rows, columns, __doc__)
+    write_results(args.out, args.table, rows, columns, __doc__)
 
 
 if __name__ == "__main__":
