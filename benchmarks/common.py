@@ -189,10 +189,15 @@ def run_scan(body, carry, xs) -> Callable[[], object]:
     import jax
 
     run = jax.jit(lambda carry, xs: jax.lax.scan(body, carry, xs)[0], donate_argnums=0)
-    holder = [carry]
+    return donated(run, [carry], xs)
+
+
+def donated(fn, holder: list, *args) -> Callable[[], object]:
+    """One call of the donating `fn(holder[0], *args)`, its result kept in `holder[0]`
+    (calls that share a holder work on one state)."""
 
     def once():
-        holder[0] = run(holder[0], xs)
+        holder[0] = fn(holder[0], *args)
         return holder[0]
 
     return once

@@ -27,7 +27,13 @@ import jax
 import jax.numpy as jnp
 
 import jaxbuf
-from benchmarks.common import command_line, flashbax_device, interleaved_times, write_results
+from benchmarks.common import (
+    command_line,
+    donated,
+    flashbax_device,
+    interleaved_times,
+    write_results,
+)
 
 ENVS, STEPS, LENGTH, ADD, OBS, BATCH = 16, 2_000_000, 11, 100, 100, 256
 EXAMPLE = {"obs": jnp.zeros(OBS, jnp.float32), "reward": jnp.float32(0)}
@@ -74,16 +80,9 @@ def cases(name: str, buffer, total: int) -> dict:
     indices, _ = sample(holder[0], key)
     priorities = jax.random.uniform(key, (BATCH,), minval=0.1, maxval=2.0)
 
-    def one_add():
-        holder[0] = add(holder[0], new)
-        return holder[0]
-
-    def one_set():
-        holder[0] = set_priorities(holder[0], indices, priorities)
-        return holder[0]
-
-    return {(name, "add"): one_add, (name, "sample"): lambda: sample(holder[0], key),
-            (name, "set"): one_set}  # fmt: skip
+    return {(name, "add"): donated(add, holder, new),
+            (name, "sample"): lambda: sample(holder[0], key),
+            (name, "set"): donated(set_priorities, holder, indices, priorities)}  # fmt: skip
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import jaxbuf
 from benchmarks.common import (
     command_line,
+    donated,
     flashbax_device,
     interleaved_medians,
     run_scan,
@@ -136,13 +137,8 @@ def cases_for(impl: Impl, kind: str, calls: int, repeats: int) -> dict:
     indices, _ = sample(holder[0], key)
     priorities = jax.random.uniform(key, (BATCH,), minval=0.1, maxval=2.0)
 
-    def one_add():
-        holder[0] = add(holder[0], new)
-        return holder[0]
-
-    def one_set():
-        holder[0] = set_priorities(holder[0], indices, priorities)
-        return holder[0]
+    one_add = donated(add, holder, new)
+    one_set = donated(set_priorities, holder, indices, priorities)
 
     def body(carry, step_key):
         state, total = carry

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxbuf
-from benchmarks.common import command_line, interleaved_times, write_results
+from benchmarks.common import command_line, donated, interleaved_times, write_results
 from jaxbuf.core import lowering
 
 FRAME = (84, 84)
@@ -78,12 +78,7 @@ def pairs_cases(quick: bool) -> dict:
         for form, value in (("pairs", 1 << 30), ("sort", 0)):
             buffer, state = full_replay(capacity, 256, {"x": jnp.float32(0)}, jaxbuf.prioritized())
             update = jax.jit(buffer.set_priorities, donate_argnums=0)
-            held = [state]
-
-            def one(update=update, held=held, indices=indices, priorities=priorities):
-                held[0] = update(held[0], indices, priorities)
-                return held[0]
-
+            one = donated(update, [state], indices, priorities)
             picked = "pairs" if count <= lowering.PAIRS else "sort"
             cases["PAIRS", f"donated set_priorities of {count:,}", form, form == picked] = (
                 compiled(one, (), "PAIRS", value),
@@ -94,7 +89,6 @@ def pairs_cases(quick: bool) -> dict:
 
 def frame_cases(quick: bool) -> dict:
     cases, example = {}, {"obs": jnp.zeros(FRAME, jnp.uint8)}
-    holders = {}
     shapes = [(10_000, 4), (10_000, 128)] + ([] if quick else [(300_000, 4)])
     for capacity, count in shapes:
         frames = {"obs": jnp.ones((count, *FRAME), jnp.uint8)}
@@ -103,13 +97,7 @@ def frame_cases(quick: bool) -> dict:
             forms.append(("WIDE_ROW", "scatter", 1 << 30))
         for switch, form, value in forms:
             buffer, state = full_replay(capacity, 32, example)
-            add = jax.jit(buffer.add, donate_argnums=0)
-            holders[switch, capacity, count, form] = [state]
-
-            def one(add=add, held=holders[switch, capacity, count, form], frames=frames):
-                held[0] = add(held[0], frames)
-                return held[0]
-
+            one = donated(jax.jit(buffer.add, donate_argnums=0), [state], frames)
             compiled(one, (), switch, value)
             picked = "rows" if count <= lowering.FEW_ROWS else "windows"
             name = f"add of {count} frames at capacity {capacity:,}"
