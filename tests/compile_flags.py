@@ -17,10 +17,11 @@ library's functions eager or jitted at the test's shapes), at 40-140 ms a progra
 What a program computes does not change: none of these is a fast-math flag (XLA's CPU
 backend keeps IEEE semantics at every level), and the tests that compare floats to the
 NumPy references pass under both settings. The benchmarks, the docs' figures and the
-GPU check use XLA's defaults. A flag that the installed jaxlib does not have is left
-out (jaxlib 0.5 has no `xla_cpu_use_fusion_emitters` and aborts on an unknown flag),
-so that the minimum-JAX environment runs the same files. `XLA_FLAGS` already set by
-whoever runs the tests comes after these and wins.
+GPU check use XLA's defaults, and so do the tests where a GPU plugin is installed. A flag
+that the installed jaxlib does not have is left out (jaxlib 0.5 has no
+`xla_cpu_use_fusion_emitters` and aborts on an unknown flag), so that the minimum-JAX
+environment runs the same files. `XLA_FLAGS` already set by whoever runs the tests comes
+after these and wins.
 
 Tests build the same buffers and so compile the same programs (and the two xdist workers
 compile the same small ones): one run shares them through JAX's compilation cache in a
@@ -64,9 +65,27 @@ def known(flag: str) -> bool:
         return m.find(name) >= 0
 
 
+@functools.cache
+def plugins() -> tuple[str, ...]:
+    """The PJRT plugins installed (`jax_plugins.*`: CUDA, ROCm). Each holds an XLA of its
+    own that parses `XLA_FLAGS` against its own flags at start and aborts the process on
+    a name it lacks: the CUDA plugin has no `xla_cpu_use_fusion_emitters`, though its
+    library holds the name (in XLA's option descriptions), so `known` cannot tell."""
+    try:
+        import jax_plugins
+    except ImportError:
+        return ()
+    return tuple(p.name for root in jax_plugins.__path__ for p in pathlib.Path(root).iterdir()
+                 if p.is_dir() and not p.name.startswith("__"))  # fmt: skip
+
+
 def fast_compile(flags: str = "") -> str:
     """`XLA_FLAGS` for the tests: the `FAST_COMPILE` flags this jaxlib knows and `flags`
-    does not name, then `flags` (set again in a process that inherits it, it is the same)."""
+    does not name, then `flags` (set again in a process that inherits it, it is the same).
+    With a PJRT plugin installed (a GPU machine), `flags` alone: the tests compile for the
+    accelerator there, and the plugin would abort on the CPU backend's flags."""
+    if plugins():
+        return flags
     named = set(re.findall(r"--(\w+)", flags))
     ours = [f for f in FAST_COMPILE if f[2:].split("=")[0] not in named and known(f)]
     return " ".join([*ours, flags]).strip()
