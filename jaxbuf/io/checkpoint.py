@@ -160,7 +160,8 @@ def _check_addressable(state: Any) -> None:
             )
 
 
-def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Path:
+def save(path: str | os.PathLike, state: Any, buffer: Any = None, *,
+         extra: dict | None = None) -> pathlib.Path:  # fmt: skip
     """Saves a buffer state, or a whole training state holding one, to the folder `path`,
     atomically.
 
@@ -183,6 +184,9 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
       buffer: the buffer the state belongs to (optional); its kind and
         configuration go into the metadata, and `restore(..., buffer=...)`
         checks them.
+      extra: a JSON-ready dict saved in the metadata with the state, in the same
+        commit (`load_metadata(path)["extra"]`): what belongs with the state but is
+        not an array, such as `jaxbuf.ray`'s per-writer ledger.
 
     Returns:
       The folder.
@@ -200,6 +204,7 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
     _checkpoint_leaves.check_storable(state)
     leaves = _checkpoint_leaves.encoded(state)  # refuses what it cannot hold before a write
     kind, config = _describe(buffer)
+    extra = _check_extra(extra)
     folder = pathlib.Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     data_file = f"state-{uuid.uuid4().hex}.bin"
@@ -216,12 +221,26 @@ def save(path: str | os.PathLike, state: Any, buffer: Any = None) -> pathlib.Pat
             "kind": kind, "config": config, "state_type": type(state).__name__,
             "size": None if size is None else np.asarray(size).tolist(),
             "leaves": placed, "data_file": data_file, "sha256": hasher.hexdigest(),
+            "extra": extra,
         }  # fmt: skip
         with _saving(folder):
             _commit(folder, pending, metadata)
     finally:
         pending.unlink(missing_ok=True)
     return folder
+
+
+def _check_extra(extra: Any) -> dict | None:
+    """`extra` as JSON will read it back; a `TypeError` before anything is written."""
+    if extra is None:
+        return None
+    if not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict or None, got {type(extra).__name__}.")
+    try:
+        return json.loads(json.dumps(extra, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"extra must be JSON-ready (dicts, lists, str, int, finite float, "
+                        f"bool, None): {error}") from error  # fmt: skip
 
 
 @contextlib.contextmanager

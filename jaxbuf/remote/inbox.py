@@ -1,0 +1,121 @@
+"""The inbox: one Ray actor between the writers and the learner, holding references only.
+
+Writers put each block into Ray's object store themselves and `offer` the inbox its
+reference; the learner `take`s references and fetches the blocks. The inbox holds at most
+`capacity` offers: a writer's `offer` waits while it is full, so actors slow down to the
+learner's pace instead of the learner's memory growing. It also carries what flows back:
+the learner's acknowledgements (per writer name, the last block written into the buffer)
+and the newest parameters' reference.
+
+Every method is a coroutine of one event loop (an async Ray actor): no two run at once,
+and a waiting call (a full inbox, an empty one, an acknowledgement not yet given) sleeps
+on a condition until another call changes what it waits for, or until its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from typing import Any, NamedTuple
+
+
+class Offer(NamedTuple):
+    """One block on its way: the writer's name, incarnation and block number, a list
+    holding the block's object reference (a list, so that Ray passes the reference and
+    does not fetch the block), and its number of steps."""
+
+    name: str
+    incarnation: int
+    sequence: int
+    boxed: list
+    steps: int
+
+
+class Inbox:
+    """The inbox's state and methods (made a Ray actor by `jaxbuf.ray.start_inbox`)."""
+
+    def __init__(self, capacity: int, acknowledged: dict[str, tuple[int, int]]) -> None:
+        self._capacity = capacity
+        self._offers: collections.deque[Offer] = collections.deque()
+        self._acknowledged = dict(acknowledged)
+        self._handed = {name: inc for name, (inc, _) in acknowledged.items()}
+        self._params: tuple[int, list] = (0, [])
+        self._changed = asyncio.Condition()
+        self._offered = 0
+
+    async def connect(self, name: str, incarnation: int | None) -> tuple[int, int]:
+        """A writer (re)connects: keeps `incarnation` where no later one was handed out or
+        written for `name`, else gets a new one. Returns `(incarnation, last block of it
+        written)`, -1 where none was."""
+        newest = max(self._handed.get(name, 0), self._acknowledged.get(name, (0, -1))[0])
+        if incarnation is None or incarnation < newest:
+            incarnation = newest + 1
+        self._handed[name] = incarnation
+        return incarnation, self._last_written(name, incarnation)
+
+    def _last_written(self, name: str, incarnation: int) -> int:
+        written_in, last = self._acknowledged.get(name, (0, -1))
+        return last if written_in == incarnation else -1
+
+    async def offer(self, offer: Offer) -> None:
+        """Queues a block's reference, waiting while the inbox holds `capacity` of them."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._offers) < self._capacity)
+            self._offers.append(offer)
+            self._offered += 1
+            self._changed.notify_all()
+
+    async def take(self, most: int, timeout: float) -> list[Offer]:
+        """Up to `most` offers, oldest first; waits up to `timeout` seconds for the first."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._offers)), timeout)
+            except TimeoutError:
+                return []
+            taken = [self._offers.popleft() for _ in range(min(most, len(self._offers)))]
+            self._changed.notify_all()
+            return taken
+
+    async def acknowledge(self, acknowledged: dict[str, tuple[int, int]]) -> None:
+        """The learner's ledger after a write: wakes the writers waiting on it."""
+        async with self._changed:
+            self._acknowledged.update(acknowledged)
+            self._changed.notify_all()
+
+    async def restart(self, acknowledged: dict[str, tuple[int, int]]) -> None:
+        """A restored learner's ledger replaces what was acknowledged; offers queued
+        before stay (the ledger decides them)."""
+        async with self._changed:
+            self._acknowledged = dict(acknowledged)
+            for name, (incarnation, _) in acknowledged.items():
+                self._handed[name] = max(self._handed.get(name, 0), incarnation)
+            self._changed.notify_all()
+
+    async def written(self, name: str, incarnation: int, sequence: int, timeout: float) -> int:
+        """Waits up to `timeout` seconds until block `sequence` of the writer's incarnation
+        is written (or a later incarnation of the name is); returns the last written."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(
+                    lambda: self._passed(name, incarnation, sequence)), timeout)  # fmt: skip
+            return self._last_written(name, incarnation)
+
+    def _passed(self, name: str, incarnation: int, sequence: int) -> bool:
+        written_in, last = self._acknowledged.get(name, (0, -1))
+        return written_in > incarnation or (written_in == incarnation and last >= sequence)
+
+    async def publish(self, version: int, boxed: list) -> None:
+        """The newest parameters' reference (in a list, so that it stays a reference)."""
+        self._params = (version, boxed)
+
+    async def params(self, have: int) -> tuple[int, list]:
+        """`(version, [reference])` where newer than `have`, else `(have, [])`."""
+        version, boxed = self._params
+        return (version, boxed) if version > have else (have, [])
+
+    async def stats(self) -> dict[str, Any]:
+        """Offers queued and ever offered, the acknowledgements, the last incarnations handed."""
+        return {"queued": len(self._offers), "offered": self._offered,
+                "capacity": self._capacity, "acknowledged": dict(self._acknowledged),
+                "incarnations": dict(self._handed)}  # fmt: skip

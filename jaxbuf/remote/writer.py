@@ -1,0 +1,192 @@
+"""The actor's side: steps batched into blocks and sent to a learner's inbox through Ray.
+
+A `Writer` lives in an actor process (a Ray actor, or any process connected to the
+cluster). It never holds the learner's buffer and never starts JAX: steps are NumPy
+arrays, stacked into blocks of `block_size` steps, each block put into Ray's object store
+once and offered to the inbox by reference. At most `window` blocks are in flight (sent,
+not yet written by the learner); the next send waits for the oldest to be written, so a
+fast actor runs at the learner's pace.
+
+A block is acknowledged once the learner has written it into its buffer; the writer then
+drops it. A writer whose inbox goes away (the learner restarted) connects again, keeps
+its incarnation where the restored learner allows it, and sends again the blocks that the
+restored learner has not written.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import ray.exceptions
+
+from jaxbuf.remote.inbox import Offer
+
+
+class Writer:
+    """Sends an actor's steps to a learner's inbox (see the module docstring).
+
+    Args:
+      inbox: the inbox's Ray actor name (what `jaxbuf.ray.Ingest` was given), or its handle.
+      name: this writer's name, stable across restarts of its process (`"actor-3"`): the
+        learner counts what it wrote per name.
+      block_size: steps per block.
+      window: blocks in flight at most.
+      reconnect_timeout: seconds to wait for an inbox that went away to come back.
+    """
+
+    def __init__(self, inbox: Any, name: str, *, block_size: int, window: int = 4,
+                 reconnect_timeout: float = 60.0,
+                 namespace: str | None = None) -> None:  # fmt: skip
+        _check_positive("block_size", block_size)
+        _check_positive("window", window)
+        self.name, self.block_size, self.window = str(name), block_size, window
+        self._inbox_name = inbox if isinstance(inbox, str) else None
+        self._inbox = _inbox_handle(inbox, namespace, reconnect_timeout)
+        self._namespace, self._reconnect_timeout = namespace, reconnect_timeout
+        self._steps: list[list[np.ndarray]] = []
+        self._priorities: list[float] = []
+        self._treedef: Any = None
+        self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
+        self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
+        self._params_version, self._params, self._last_written = 0, None, -1
+        self.incarnation, _ = ray.get(self._inbox.connect.remote(self.name, None))
+
+    def append(self, step: Any, priority: float | None = None) -> None:
+        """Adds one step (a pytree of arrays or scalars, without a batch axis), with its
+        initial priority where the learner's buffer is prioritized."""
+        leaves, treedef = _flatten(step)
+        if self._treedef is None:
+            self._treedef = treedef
+        elif treedef != self._treedef:
+            raise ValueError(
+                f"step structure {treedef} differs from the first step's {self._treedef}."
+            )
+        if self._steps and (priority is None) != (not self._priorities):
+            raise ValueError("give a priority with every step of a block, or with none.")
+        self._steps.append(leaves)
+        if priority is not None:
+            self._priorities.append(float(priority))
+        if len(self._steps) == self.block_size:
+            self._send()
+
+    def flush(self) -> None:
+        """Sends the steps appended since the last block (a shorter block), if any."""
+        if self._steps:
+            self._send()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits until every block sent is written (or `timeout` seconds); whether it is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._unwritten:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._await_written(next(reversed(self._unwritten)), min(left or 5.0, 5.0))
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        """Blocks sent and not yet written by the learner."""
+        return len(self._unwritten)
+
+    def params(self) -> Any:
+        """The newest parameters the learner published (`Ingest.publish`), fetched from the
+        object store only when they changed; `None` before the first."""
+        version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
+        if boxed:
+            self._params_version, self._params = version, ray.get(boxed[0])
+        return self._params
+
+    @property
+    def params_version(self) -> int:
+        """How many times the learner had published when `params` last fetched (0: never)."""
+        return self._params_version
+
+    def _send(self) -> None:
+        columns = zip(*self._steps, strict=True)
+        block = self._treedef.unflatten([np.stack(column) for column in columns])
+        priorities = np.asarray(self._priorities, np.float32) if self._priorities else None
+        steps = len(self._steps)
+        self._steps, self._priorities = [], []
+        while len(self._unwritten) >= self.window:
+            self._await_written(next(iter(self._unwritten)), 5.0)
+        offer = Offer(
+            self.name, self.incarnation, self._sequence, [ray.put((block, priorities))], steps
+        )
+        self._sequence += 1
+        self._unwritten[offer.sequence] = offer
+        self._call(lambda inbox: inbox.offer.remote(offer))
+
+    def _await_written(self, sequence: int, timeout: float) -> None:
+        last = self._call(lambda inbox: inbox.written.remote(self.name, self.incarnation, sequence,
+                                                             timeout))  # fmt: skip
+        self._forget_through(last)
+
+    @property
+    def written_through(self) -> tuple[int, int]:
+        """`(incarnation, last block of it the learner has written)` as last heard; -1: none."""
+        return self.incarnation, self._last_written
+
+    def _forget_through(self, last: int) -> None:
+        self._last_written = max(self._last_written, last)
+        for sequence in [s for s in self._unwritten if s <= last]:
+            offer = self._unwritten.pop(sequence)
+            self.written_blocks += 1
+            self.written_steps += offer.steps
+
+    def _call(self, method: Any) -> Any:
+        """`ray.get(method(inbox))`, connecting again (and sending again what the learner
+        has not written) where the inbox went away."""
+        try:
+            return ray.get(method(self._inbox))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            if self._inbox_name is None:
+                raise
+        self._reconnect()
+        return ray.get(method(self._inbox))
+
+    def _reconnect(self) -> None:
+        self._inbox = _inbox_handle(self._inbox_name, self._namespace, self._reconnect_timeout)
+        incarnation, last = ray.get(self._inbox.connect.remote(self.name, self.incarnation))
+        if incarnation != self.incarnation:  # another process took the name: start afresh
+            self.incarnation, self._sequence, self._last_written = incarnation, 0, -1
+            self.dropped_blocks += len(self._unwritten)
+            self._unwritten.clear()
+            return
+        self._forget_through(last)
+        for offer in self._unwritten.values():
+            ray.get(self._inbox.offer.remote(offer))
+
+
+def _inbox_handle(inbox: Any, namespace: str | None, timeout: float) -> Any:
+    """The inbox's handle: `inbox` itself, or the named actor once it exists (waits)."""
+    if not isinstance(inbox, str):
+        return inbox
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get_actor(inbox, namespace=namespace)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"no inbox named {inbox!r} in the Ray cluster after {timeout} s: start the "
+                    "learner (jaxbuf.ray.Ingest) first, or pass the name it was given."
+                ) from None
+            time.sleep(0.2)
+
+
+def _flatten(step: Any) -> tuple[list[np.ndarray], Any]:
+    """The step's leaves as NumPy arrays, and its structure (no JAX: a plain tree walk)."""
+    import jax.tree_util as tree_util  # the tree utilities only: no backend starts
+
+    leaves, treedef = tree_util.tree_flatten(step)
+    return [np.asarray(leaf) for leaf in leaves], treedef
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
