@@ -336,3 +336,41 @@ def _drawn_frequencies(buffer, state, draws: int = 40_000):
         sample(state, jax.random.split(jax.random.key(3), draws // 2)).indices
     ).ravel()
     return np.bincount(rows, minlength=8) / rows.size
+
+
+# --- the Ape-X example's actor side, without Ray ------------------------------------------
+
+
+def test_apex_actors_n_step_transitions_match_a_reference_over_ends_of_both_kinds():
+    apex = pytest.importorskip("jaxbuf.examples.apex_cartpole")
+    rng = np.random.default_rng(0)
+    n, gamma = 3, 0.9
+    nstep, got, episode = apex.NStep(n, gamma), [], []
+    for t in range(300):
+        terminated, truncated = bool(rng.random() < 0.05), bool(rng.random() < 0.05)
+        step = (np.float32(t), t % 2, float(rng.normal()), np.float32(t + 1), terminated, truncated)
+        got += nstep.step(*step)
+        episode.append(step)
+        if terminated or truncated:
+            for k, (obs, action, *_rest) in enumerate(episode):  # the reference, per start
+                window = episode[k : k + n]
+                ended = k + n >= len(episode)
+                total = sum(gamma**i * s[2] for i, s in enumerate(window))
+                discount = 0.0 if ended and terminated else gamma ** len(window)
+                want = got[len(got) - len(episode) + k]
+                assert (want["obs"], want["action"], want["next_obs"]) == (
+                    obs,
+                    action,
+                    window[-1][3],
+                )
+                assert np.isclose(want["reward"], total) and np.isclose(want["discount"], discount)
+            episode = []
+
+
+def test_apex_actors_numpy_network_equals_the_learners():
+    apex = pytest.importorskip("jaxbuf.examples.apex_cartpole")
+    network = apex.QNetwork(2, (16, 8))
+    params = network.init(jax.random.key(0), jnp.zeros(4))
+    obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_allclose(apex.q_values(jax.device_get(params), obs),
+                               network.apply(params, obs), rtol=1e-5, atol=1e-6)  # fmt: skip
