@@ -38,8 +38,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:Runtime
 
 
 def _arrivals(rng: random.Random, writers: int, events: int) -> list[tuple[str, int, int]]:
-    """Blocks as they reach a learner: each writer's numbers in order, some sent twice,
-    some restarts (a new incarnation; the old one's late blocks may still come)."""
+    """Blocks as they reach a learner: each writer's numbers in order but some overtaken
+    (delayed, as an async inbox may), some sent twice, some restarts (a new incarnation;
+    the old one's late blocks may still come)."""
     incarnation = {w: 1 for w in range(writers)}
     sent = {w: 0 for w in range(writers)}
     late: list[tuple[str, int, int]] = []
@@ -55,6 +56,9 @@ def _arrivals(rng: random.Random, writers: int, events: int) -> list[tuple[str, 
             arrivals.append((f"w{w}", incarnation[w], rng.randrange(sent[w])))
         elif roll < 0.25 and late:
             arrivals.append(late.pop(rng.randrange(len(late))))
+        elif roll < 0.35:  # overtaken: arrives after a later one of the same incarnation
+            late.append((f"w{w}", incarnation[w], sent[w]))
+            sent[w] += 1
         else:
             arrivals.append((f"w{w}", incarnation[w], sent[w]))
             sent[w] += 1
@@ -87,6 +91,23 @@ def test_the_ledger_writes_each_block_once_and_only_the_newest_incarnation(seed)
     assert ledger.duplicates + ledger.stale + len(written) == len(
         _arrivals(random.Random(seed), 3, 400)
     )
+
+
+def test_a_writers_floor_closes_the_gap_a_restore_leaves_and_nothing_below_is_written():
+    ledger = Ledger()
+    for sequence in range(6):
+        ledger.written("a", 1, sequence, steps=1)
+    saved = ledger.to_json()
+    ledger.written("a", 1, 6, steps=1)
+    ledger = Ledger.from_json(saved)  # back to a checkpoint: block 6 left the buffer
+    assert ledger.decide("a", 1, 8, floor=6) == "write"  # 6 was acknowledged: never again
+    ledger.written("a", 1, 8, steps=1)
+    assert ledger.acknowledged() == {"a": (1, 6)} and ledger.entries["a"].above == [8]
+    assert ledger.decide("a", 1, 4, floor=6) == "duplicate"
+    assert ledger.decide("a", 1, 7, floor=6) == "write"  # sent again after the restore
+    ledger.written("a", 1, 7, steps=1)
+    assert ledger.acknowledged() == {"a": (1, 8)} and ledger.entries["a"].above == []
+    assert Ledger.from_json(ledger.to_json()) == ledger
 
 
 def test_a_ledger_that_is_not_one_names_the_cause():

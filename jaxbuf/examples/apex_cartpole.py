@@ -19,6 +19,7 @@ of its steps) rather than Ape-X's fixed per-actor epsilons, so that the two agen
 from __future__ import annotations
 
 import collections
+import functools
 import time
 import uuid
 from typing import Any
@@ -93,53 +94,40 @@ class NStep:
                 "next_obs": next_obs}  # fmt: skip
 
 
-class Actor:
-    """An actor process (a Ray actor made by `start_actors`): Gymnasium environments,
-    the NumPy network, n-step transitions with priorities, a `jaxbuf.ray.Writer`."""
+class Acting:
+    """An actor's environments and policy: Gymnasium's CartPole-v1 stepped in NumPy, the
+    network's NumPy copy, n-step transitions with their initial priorities."""
 
-    def __init__(self, inbox: str, index: int, config: dict, seed: int, namespace: str) -> None:
+    def __init__(self, index: int, config: dict, seed: int) -> None:
         import gymnasium as gym
 
-        self.config, self.index = config, index
+        self.config = config
         self.envs = [gym.make("CartPole-v1") for _ in range(config["envs_per_actor"])]
         self.obs = np.stack([env.reset(seed=seed * 1000 + index * 100 + i)[0]
                              for i, env in enumerate(self.envs)]).astype(np.float32)  # fmt: skip
         self.nsteps = [NStep(config["n_step"], config["discount"]) for _ in self.envs]
         self.rng = np.random.default_rng([seed, index])
-        self.writer = Writer(inbox, f"actor-{index}", block_size=config["block_size"],
-                                        window=config["window"], namespace=namespace)  # fmt: skip
+        self.returns, self._running = [], np.zeros(len(self.envs))
 
-    def run(self, steps: int) -> dict:
-        """Steps every environment until `steps` transitions are sent; returns counts."""
-        start, done, iteration, params = time.perf_counter(), 0, 0, None
-        returns, running = [], np.zeros(len(self.envs))
-        while done < steps:
-            params = self.writer.params() if iteration % 10 == 0 or params is None else params
-            epsilon = self._epsilon(done, steps)
-            actions = self._act(params, epsilon)
-            transitions = []
-            for i, env in enumerate(self.envs):
-                obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
-                obs = obs.astype(np.float32)
-                transitions += self.nsteps[i].step(self.obs[i], actions[i], float(reward), obs,
-                                                   terminated, truncated)  # fmt: skip
-                running[i] += reward
-                if terminated or truncated:
-                    returns.append(running[i])
-                    running[i] = 0.0
-                    obs = env.reset()[0].astype(np.float32)
-                self.obs[i] = obs
-            priorities = self._priorities(params, transitions)
-            for transition, priority in zip(transitions, priorities, strict=True):
-                self.writer.append(transition, priority=priority)
-            done += len(self.envs)
-            iteration += 1
-        self.writer.flush()
-        self.writer.wait(timeout=120)
-        return {"steps": self.writer.written_steps, "seconds": time.perf_counter() - start,
-                "returns": returns[-20:]}  # fmt: skip
+    def step(self, params: Any, epsilon: float) -> tuple[list, np.ndarray]:
+        """One step of every environment: the transitions completed, and their priorities."""
+        actions = self._act(params, epsilon)
+        transitions = []
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
+            obs = obs.astype(np.float32)
+            transitions += self.nsteps[i].step(self.obs[i], actions[i], float(reward), obs,
+                                               terminated, truncated)  # fmt: skip
+            self._running[i] += reward
+            if terminated or truncated:
+                self.returns.append(self._running[i])
+                self._running[i] = 0.0
+                obs = env.reset()[0].astype(np.float32)
+            self.obs[i] = obs
+        return transitions, self._priorities(params, transitions)
 
-    def _epsilon(self, done: int, steps: int) -> float:
+    def epsilon(self, done: int, steps: int) -> float:
+        """`dqn_nstep`'s schedule, over this actor's `steps`."""
         c = self.config
         frac = min(done / (c["epsilon_fraction"] * steps), 1.0)
         return c["epsilon_start"] + frac * (c["epsilon_end"] - c["epsilon_start"])
@@ -161,6 +149,32 @@ class Actor:
         next_q = q_values(params, stacked["next_obs"]).max(axis=1)
         target = stacked["reward"] + stacked["discount"] * next_q
         return (np.abs(target - q) + self.config["priority_floor"]).astype(np.float32)
+
+
+class Actor:
+    """An actor process (a Ray actor made by `train`): `Acting`, whose transitions a
+    `jaxbuf.ray.Writer` sends, with the parameters the learner last published."""
+
+    def __init__(self, inbox: str, index: int, config: dict, seed: int, namespace: str) -> None:
+        self.acting = Acting(index, config, seed)
+        self.writer = Writer(inbox, f"actor-{index}", block_size=config["block_size"],
+                             window=config["window"], namespace=namespace)  # fmt: skip
+
+    def run(self, steps: int) -> dict:
+        """Steps every environment until `steps` transitions are sent; returns counts."""
+        start, done, iteration, params = time.perf_counter(), 0, 0, None
+        while done < steps:
+            if iteration % 10 == 0 or params is None:
+                params = self.writer.params()
+            transitions, priorities = self.acting.step(params, self.acting.epsilon(done, steps))
+            for transition, priority in zip(transitions, priorities, strict=True):
+                self.writer.append(transition, priority=priority)
+            done += len(self.acting.envs)
+            iteration += 1
+        self.writer.flush()
+        self.writer.wait(timeout=120)
+        return {"steps": self.writer.written_steps, "seconds": time.perf_counter() - start,
+                "returns": self.acting.returns[-20:]}  # fmt: skip
 
 
 def make_update(config: dict, network: QNetwork, buffer: Any, optimizer: Any):
@@ -188,8 +202,8 @@ def make_update(config: dict, network: QNetwork, buffer: Any, optimizer: Any):
     return jax.jit(update, donate_argnums=(0, 1))
 
 
-def make_ingest(config: dict, inbox: str) -> Ingest:
-    """The learner's prioritized replay buffer, behind a rate limiter, fed by the inbox."""
+def make_buffer(config: dict) -> tuple[Any, Any, dict]:
+    """The learner's prioritized replay buffer, its rate limiter, and one transition."""
     buffer = jaxbuf.make_replay_buffer(
         config["capacity"], config["batch_size"], min_size=config["batch_size"],
         sampler=jaxbuf.prioritized(priority_exponent=config["priority_exponent"]),
@@ -200,6 +214,12 @@ def make_ingest(config: dict, inbox: str) -> Ingest:
     )  # fmt: skip
     example = {"obs": np.zeros(4, np.float32), "action": np.int32(0), "reward": np.float32(0),
                "discount": np.float32(0), "next_obs": np.zeros(4, np.float32)}  # fmt: skip
+    return buffer, limiter, example
+
+
+def make_ingest(config: dict, inbox: str) -> Ingest:
+    """The learner's buffer and limiter behind `Ingest`, fed by the inbox `inbox`."""
+    buffer, limiter, example = make_buffer(config)
     return Ingest(buffer, buffer.init(example), inbox=inbox, limiter=limiter,
                   capacity=8 * config["window"])  # fmt: skip
 
@@ -266,9 +286,68 @@ def train(seed: int = 0, actors: int = 2, config: dict = CONFIG, quiet: bool = F
     return learner["params"], network, counts
 
 
+def train_one_process(seed: int = 0, config: dict = CONFIG, quiet: bool = False):
+    """The same agent in one process, for comparison: one `Acting` (the environments of
+    one actor) and the learner take turns, as the limiter allows; the same buffer,
+    limiter and update, blocks of `block_size` written by one jitted call each."""
+    config = {**config, "seed": seed}
+    acting, (buffer, limiter, example) = Acting(0, config, seed), make_buffer(config)
+    network = QNetwork(2, tuple(config["hidden"]))
+    params = network.init(jax.random.key(seed), jnp.zeros(4))
+    learner = {"params": params, "target": jax.tree.map(jnp.copy, params),
+               "opt": optax.adam(config["learning_rate"]).init(params)}  # fmt: skip
+    update = make_update(config, network, buffer, optax.adam(config["learning_rate"]))
+    write = jax.jit(functools.partial(_write_block, buffer, limiter), donate_argnums=(0, 1))
+    can_insert, can_sample = jax.jit(limiter.can_insert), jax.jit(limiter.can_sample)
+    sampled = jax.jit(limiter.sampled)
+    total = int(config["total_timesteps"] * config["samples_per_insert"] / config["batch_size"])
+    state, limits, key = buffer.init(example), limiter.init(), jax.random.key(seed)
+    pending, done, updates, start = [], 0, 0, time.perf_counter()
+    host_params = jax.device_get(params)
+    while updates < total and (done < config["total_timesteps"] or pending):
+        size = config["block_size"]
+        if len(pending) >= size and bool(can_insert(limits, size)):
+            block = {k: np.stack([t[k] for t, _ in pending[:size]]) for k in pending[0][0]}
+            priorities = np.array([p for _, p in pending[:size]], np.float32)
+            state, limits = write(state, limits, block, priorities)
+            pending = pending[size:]
+        elif bool(can_sample(limits, config["batch_size"])):
+            key, draw = jax.random.split(key)
+            beta = config["importance_start"] + min(updates / total, 1.0) * (
+                config["importance_end"] - config["importance_start"])  # fmt: skip
+            learner, state, _ = update(learner, state, draw, jnp.float32(beta))
+            limits = sampled(limits, config["batch_size"])
+            updates += 1
+            if updates % config["target_update_every"] == 0:
+                learner["target"] = jax.tree.map(jnp.copy, learner["params"])
+            if updates % config["publish_every"] == 0:
+                host_params = jax.device_get(learner["params"])
+        elif done < config["total_timesteps"]:
+            epsilon = acting.epsilon(done, config["total_timesteps"])
+            transitions, priorities = acting.step(host_params, epsilon)
+            pending += list(zip(transitions, priorities, strict=True))
+            done += len(acting.envs)
+        else:
+            break
+    steps = int(limits.counts()["inserts"])
+    counts = {"updates": updates, "steps": steps, "seconds": time.perf_counter() - start}
+    return learner["params"], network, counts
+
+
+def _write_block(buffer: Any, limiter: Any, state: Any, limits: Any, block: Any, priorities: Any):
+    """A block into the prioritized ring with its priorities, counted by the limiter."""
+    capacity = jax.tree.leaves(state.experience)[0].shape[0]
+    rows = (state.position + jnp.arange(priorities.shape[0], dtype=jnp.int32)) % capacity
+    state = buffer.set_priorities(buffer.add(state, block), rows, priorities)
+    return state, limiter.inserted(limits, priorities.shape[0])
+
+
 def main(seed: int = 0, quiet: bool = False, actors: int = 2) -> float:
     start = time.perf_counter()
-    params, network, counts = train(seed, actors, quiet=quiet)
+    if actors == 0:
+        params, network, counts = train_one_process(seed, quiet=quiet)
+    else:
+        params, network, counts = train(seed, actors, quiet=quiet)
     if not quiet:
         print(f"{counts['steps']} steps written, {counts['updates']} updates in "
               f"{counts['seconds']:.1f}s", flush=True)  # fmt: skip
@@ -281,4 +360,8 @@ def main(seed: int = 0, quiet: bool = False, actors: int = 2) -> float:
 
 
 if __name__ == "__main__":
-    command_line(main, __doc__, actors={"type": int, "default": 2})
+    command_line(
+        main,
+        __doc__,
+        actors={"type": int, "default": 2, "help": "actor processes (0: the agent in one process)"},
+    )

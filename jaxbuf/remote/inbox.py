@@ -1,11 +1,13 @@
-"""The inbox: one Ray actor between the writers and the learner, holding references only.
+"""The inbox: one Ray actor between the writers and the learner, holding small blocks
+and references to large ones.
 
-Writers put each block into Ray's object store themselves and `offer` the inbox its
-reference; the learner `take`s references and fetches the blocks. The inbox holds at most
-`capacity` offers: a writer's `offer` waits while it is full, so actors slow down to the
-learner's pace instead of the learner's memory growing. It also carries what flows back:
-the learner's acknowledgements (per writer name, the last block written into the buffer)
-and the newest parameters' reference.
+Writers `offer` each block: a small one (up to `writer.INLINE_BYTES`) travels in the
+offer itself, a larger one is put into Ray's object store by the writer and the offer
+carries its reference; the learner `take`s offers and fetches the referenced blocks.
+The inbox holds at most `capacity` offers: a writer's `offer` waits while it is full, so
+actors slow down to the learner's pace instead of the learner's memory growing. It also
+carries what flows back: the learner's acknowledgements (per writer name, the last block
+written into the buffer) and the newest parameters' reference.
 
 Every method is a coroutine of one event loop (an async Ray actor): no two run at once,
 and a waiting call (a full inbox, an empty one, an acknowledgement not yet given) sleeps
@@ -21,15 +23,17 @@ from typing import Any, NamedTuple
 
 
 class Offer(NamedTuple):
-    """One block on its way: the writer's name, incarnation and block number, a list
-    holding the block's object reference (a list, so that Ray passes the reference and
-    does not fetch the block), and its number of steps."""
+    """One block on its way: the writer's name, incarnation and block number, the block
+    itself (`(steps, priorities)`) where it is small, else a list holding its object
+    reference (a list, so that Ray passes the reference and does not fetch the block),
+    and its number of steps."""
 
     name: str
     incarnation: int
     sequence: int
-    boxed: list
+    block: Any
     steps: int
+    floor: int = -1  # the writer's blocks up to this one are written: none comes again
 
 
 class Inbox:
@@ -42,17 +46,17 @@ class Inbox:
         self._handed = {name: inc for name, (inc, _) in acknowledged.items()}
         self._params: tuple[int, list] = (0, [])
         self._changed = asyncio.Condition()
-        self._offered = 0
+        self._offered, self._restarts = 0, 0
 
-    async def connect(self, name: str, incarnation: int | None) -> tuple[int, int]:
+    async def connect(self, name: str, incarnation: int | None) -> tuple[int, int, int]:
         """A writer (re)connects: keeps `incarnation` where no later one was handed out or
         written for `name`, else gets a new one. Returns `(incarnation, last block of it
-        written)`, -1 where none was."""
+        written (-1 where none was), restarts of the learner)`."""
         newest = max(self._handed.get(name, 0), self._acknowledged.get(name, (0, -1))[0])
         if incarnation is None or incarnation < newest:
             incarnation = newest + 1
         self._handed[name] = incarnation
-        return incarnation, self._last_written(name, incarnation)
+        return incarnation, self._last_written(name, incarnation), self._restarts
 
     def _last_written(self, name: str, incarnation: int) -> int:
         written_in, last = self._acknowledged.get(name, (0, -1))
@@ -85,21 +89,26 @@ class Inbox:
 
     async def restart(self, acknowledged: dict[str, tuple[int, int]]) -> None:
         """A restored learner's ledger replaces what was acknowledged; offers queued
-        before stay (the ledger decides them)."""
+        before stay (the ledger decides them). Writers learn of it from `written` and
+        send again the blocks not acknowledged (the learner may have taken them)."""
         async with self._changed:
+            self._restarts += 1
             self._acknowledged = dict(acknowledged)
             for name, (incarnation, _) in acknowledged.items():
                 self._handed[name] = max(self._handed.get(name, 0), incarnation)
             self._changed.notify_all()
 
-    async def written(self, name: str, incarnation: int, sequence: int, timeout: float) -> int:
+    async def written(self, name: str, incarnation: int, sequence: int, restarts: int,
+                      timeout: float) -> tuple[int, int]:  # fmt: skip
         """Waits up to `timeout` seconds until block `sequence` of the writer's incarnation
-        is written (or a later incarnation of the name is); returns the last written."""
+        is written (or a later incarnation of the name is, or the learner restarted since
+        the writer's `restarts`); returns `(last written, restarts)`."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(
-                    lambda: self._passed(name, incarnation, sequence)), timeout)  # fmt: skip
-            return self._last_written(name, incarnation)
+                    lambda: self._passed(name, incarnation, sequence)
+                    or self._restarts != restarts), timeout)  # fmt: skip
+            return self._last_written(name, incarnation), self._restarts
 
     def _passed(self, name: str, incarnation: int, sequence: int) -> bool:
         written_in, last = self._acknowledged.get(name, (0, -1))

@@ -65,6 +65,11 @@ class Ingest:
         self.inbox = _start_inbox(inbox, capacity, self.ledger.acknowledged(), namespace)
         self._write = jax.jit(functools.partial(_write, buffer, limiter), donate_argnums=(0, 1))
         self._sample = jax.jit(buffer.sample) if hasattr(buffer, "sample") else None
+        # the limiter's checks are a few hundred scalar operations: one call each, not eager
+        self._can_insert = jax.jit(limiter.can_insert) if limiter else None
+        self._can_sample = jax.jit(limiter.can_sample) if limiter else None
+        self._sampled = jax.jit(limiter.sampled) if limiter else None
+        self._buffer_can_sample = jax.jit(buffer.can_sample)
         self._params_version = 0
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -75,11 +80,11 @@ class Ingest:
         written = 0
         while self.pending:
             offer, block, priorities = self.pending[0]
-            decision = self.ledger.decide(offer.name, offer.incarnation, offer.sequence)
+            decision = self.ledger.decide(
+                offer.name, offer.incarnation, offer.sequence, offer.floor
+            )
             if decision == "write":
-                if self.limiter and not bool(
-                    self.limiter.can_insert(self.limiter_state, offer.steps)
-                ):
+                if self.limiter and not bool(self._can_insert(self.limiter_state, offer.steps)):
                     break
                 self.state, self.limiter_state = self._write(
                     self.state, self.limiter_state, block, priorities
@@ -94,20 +99,25 @@ class Ingest:
         return written
 
     def _fetch(self, timeout: float) -> None:
-        for offer in ray.get(self.inbox.take.remote(self.blocks_per_poll, timeout)):
-            try:
-                block, priorities = ray.get(offer.boxed[0])
-            except LOST:  # its writer died before the block was fetched: never acknowledged
+        offers = ray.get(self.inbox.take.remote(self.blocks_per_poll, timeout))
+        referenced = [offer.block[0] for offer in offers if isinstance(offer.block, list)]
+        try:  # one round trip for all the referenced blocks
+            fetched = iter(ray.get(referenced))
+        except LOST:
+            fetched = iter(_each_or_none(referenced))
+        for offer in offers:
+            block = next(fetched) if isinstance(offer.block, list) else offer.block
+            if block is None:  # its writer died before it was fetched: never acknowledged
                 self.lost_blocks += 1
                 continue
-            self.pending.append((offer, block, priorities))
+            self.pending.append((offer, *block))
 
     def can_sample(self, batch_size: int | None = None) -> bool:
         """Whether the buffer can sample and the limiter allows `batch_size` samples
         (default: the buffer's `sample_batch_size`)."""
         n = batch_size or self.buffer.config["sample_batch_size"]
-        allowed = not self.limiter or bool(self.limiter.can_sample(self.limiter_state, n))
-        return allowed and bool(self.buffer.can_sample(self.state))
+        allowed = not self.limiter or bool(self._can_sample(self.limiter_state, n))
+        return allowed and bool(self._buffer_can_sample(self.state))
 
     def wait_until_can_sample(self, timeout: float = 60.0) -> bool:
         """Writes arriving blocks, waiting on the inbox (no spin), until `can_sample`;
@@ -131,7 +141,7 @@ class Ingest:
     def sampled(self, n: int) -> None:
         """Counts `n` samples drawn by the learner's own step."""
         if self.limiter:
-            self.limiter_state = self.limiter.sampled(self.limiter_state, n)
+            self.limiter_state = self._sampled(self.limiter_state, n)
 
     def set_priorities(self, indices: Any, priorities: Any) -> None:
         """The buffer's `set_priorities`, on the state `Ingest` owns."""
@@ -174,6 +184,17 @@ class Ingest:
     def close(self) -> None:
         """Stops the inbox (writers waiting on it then wait for a new one)."""
         ray.kill(self.inbox)
+
+
+def _each_or_none(refs: list) -> list:
+    """Each referenced block, or None where its owner died (one round trip each)."""
+    blocks = []
+    for ref in refs:
+        try:
+            blocks.append(ray.get(ref))
+        except LOST:
+            blocks.append(None)
+    return blocks
 
 
 def _start_inbox(name: str, capacity: int, acknowledged: dict, namespace: str | None) -> Any:

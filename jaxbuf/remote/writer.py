@@ -25,6 +25,11 @@ import ray.exceptions
 
 from jaxbuf.remote.inbox import Offer
 
+# Blocks up to this size travel inside the offer (one message to the inbox, one to the
+# learner); larger ones go through the object store once, by reference (Ray inlines
+# task arguments up to 100 KiB itself).
+INLINE_BYTES = 64 * 1024
+
 
 class Writer:
     """Sends an actor's steps to a learner's inbox (see the module docstring).
@@ -53,7 +58,7 @@ class Writer:
         self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
         self._params_version, self._params, self._last_written = 0, None, -1
-        self.incarnation, _ = ray.get(self._inbox.connect.remote(self.name, None))
+        self.incarnation, _, self._restarts = ray.get(self._inbox.connect.remote(self.name, None))
 
     def append(self, step: Any, priority: float | None = None) -> None:
         """Adds one step (a pytree of arrays or scalars, without a batch axis), with its
@@ -107,24 +112,26 @@ class Writer:
         return self._params_version
 
     def _send(self) -> None:
-        columns = zip(*self._steps, strict=True)
-        block = self._treedef.unflatten([np.stack(column) for column in columns])
+        columns = [np.stack(column) for column in zip(*self._steps, strict=True)]
+        block = self._treedef.unflatten(columns)
         priorities = np.asarray(self._priorities, np.float32) if self._priorities else None
         steps = len(self._steps)
         self._steps, self._priorities = [], []
         while len(self._unwritten) >= self.window:
             self._await_written(next(iter(self._unwritten)), 5.0)
-        offer = Offer(
-            self.name, self.incarnation, self._sequence, [ray.put((block, priorities))], steps
-        )
+        offer = Offer(self.name, self.incarnation, self._sequence,
+                      _payload(block, priorities, columns), steps, self._last_written)  # fmt: skip
         self._sequence += 1
         self._unwritten[offer.sequence] = offer
-        self._call(lambda inbox: inbox.offer.remote(offer))
+        self._inbox.offer.remote(offer)  # runs after this writer's earlier calls (Ray's order)
 
     def _await_written(self, sequence: int, timeout: float) -> None:
-        last = self._call(lambda inbox: inbox.written.remote(self.name, self.incarnation, sequence,
-                                                             timeout))  # fmt: skip
+        last, restarts = self._call(lambda inbox: inbox.written.remote(
+            self.name, self.incarnation, sequence, self._restarts, timeout))  # fmt: skip
         self._forget_through(last)
+        if restarts != self._restarts:  # the learner went back to a checkpoint
+            self._restarts = restarts
+            self._send_again()
 
     @property
     def written_through(self) -> tuple[int, int]:
@@ -151,15 +158,29 @@ class Writer:
 
     def _reconnect(self) -> None:
         self._inbox = _inbox_handle(self._inbox_name, self._namespace, self._reconnect_timeout)
-        incarnation, last = ray.get(self._inbox.connect.remote(self.name, self.incarnation))
+        incarnation, last, self._restarts = ray.get(
+            self._inbox.connect.remote(self.name, self.incarnation))  # fmt: skip
         if incarnation != self.incarnation:  # another process took the name: start afresh
             self.incarnation, self._sequence, self._last_written = incarnation, 0, -1
             self.dropped_blocks += len(self._unwritten)
             self._unwritten.clear()
             return
         self._forget_through(last)
-        for offer in self._unwritten.values():
-            ray.get(self._inbox.offer.remote(offer))
+        self._send_again()
+
+    def _send_again(self) -> None:
+        """Offers again every block not acknowledged, in order, with the current floor
+        (the learner's ledger writes those it lacks and drops the others)."""
+        for sequence, offer in self._unwritten.items():
+            self._unwritten[sequence] = offer._replace(floor=self._last_written)
+            self._inbox.offer.remote(self._unwritten[sequence])
+
+
+def _payload(block: Any, priorities: np.ndarray | None, columns: list[np.ndarray]) -> Any:
+    """`(block, priorities)` where small, else a list holding its object reference."""
+    nbytes = sum(column.nbytes for column in columns)
+    nbytes += 0 if priorities is None else priorities.nbytes
+    return (block, priorities) if nbytes <= INLINE_BYTES else [ray.put((block, priorities))]
 
 
 def _inbox_handle(inbox: Any, namespace: str | None, timeout: float) -> Any:

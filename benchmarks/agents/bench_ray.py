@@ -1,0 +1,368 @@
+"""Actor processes feeding a learner on a local Ray cluster: jaxbuf.ray, echo, TorchRL.
+
+Four tables, each on a local Ray cluster of this machine's cores:
+
+- `ray_transport`: each of 1 or 2 actor processes sends `STEPS` CartPole transitions
+  (obs and next_obs float32[4], action, reward, discount: 44 bytes), made in advance, as
+  fast as the path takes them, into a learner that writes them into a replay buffer:
+  `jaxbuf.ray` (`Writer` blocks of 32 or 256 steps, 4 in flight; `Ingest.poll`), echo
+  (`id-echo`: one `TcpClient.send` per step; the learner's `Server.sample` batches of 32
+  or 256, each added to the same jaxbuf replay buffer), TorchRL's `RayReplayBuffer`
+  (blocks `extend`ed into the buffer's own Ray actor; the learner holds nothing). Steps per
+  second from the first send to the last step stored; the learner's CPU time per step
+  (its process's CPU seconds over the run, all its threads); bytes sent per step
+  (jaxbuf: a block's pickled size over its steps; echo: its payload; TorchRL: a
+  TensorDict block's pickled size).
+- `ray_store`: Ray's object store between two processes of this machine: an actor puts
+  blocks of 1 KiB to 16 MiB, the driver gets them: microseconds per block and MB/s,
+  what predicts a cluster's throughput per step size (see docs/ray.md).
+- `ray_apex`: the Ape-X agent (`jaxbuf.examples.apex_cartpole`, 100k steps) with 1 and 2
+  actor processes against the same agent in one process (`--actors 0`): steps per
+  second into the learner, updates per second, and the greedy return (gymnax CartPole,
+  64 episodes).
+- `ray_soak`: two actors sending while the learner samples under a rate limiter; one of
+  them killed at 20 random moments (Ray restarts it): steps written twice, steps a
+  writer was told are written but missing, and the limiter's bounds checked after
+  every sample.
+
+Run: `python -m benchmarks.agents.bench_ray [--quick] [--parts transport,store,apex,soak]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import pickle
+import random
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.common import ROOT, write_results
+
+STEPS = 20_000  # per actor
+BLOCK = 32  # the learner's batch
+
+
+def step_example() -> dict:
+    return {"obs": np.zeros(4, np.float32), "action": np.zeros((), np.int32),
+            "reward": np.zeros((), np.float32), "discount": np.zeros((), np.float32),
+            "next_obs": np.zeros(4, np.float32)}  # fmt: skip
+
+
+def made_steps(index: int, count: int) -> list[dict]:
+    """Distinct steps (the obs carries the actor and the step's number)."""
+    rng = np.random.default_rng(index)
+    return [{"obs": np.array([index, i, 0, 0], np.float32), "action": np.array(i % 2, np.int32),
+             "reward": np.array(1, np.float32), "discount": np.array(0.99, np.float32),
+             "next_obs": rng.normal(size=4).astype(np.float32)} for i in range(count)]  # fmt: skip
+
+
+class JaxbufSender:
+    """Sends made steps with `jaxbuf.ray.Writer` (an actor process; imports, steps and the
+    connection made before the timed `run`)."""
+
+    def __init__(self, inbox: str, index: int, count: int, block: int, namespace: str) -> None:
+        from jaxbuf.ray import Writer
+
+        self.steps = made_steps(index, count)
+        self.writer = Writer(inbox, f"sender-{index}", block_size=block, window=4,
+                             namespace=namespace)  # fmt: skip
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        for step in self.steps:
+            self.writer.append(step)
+        self.writer.flush()
+        self.writer.wait(timeout=300)
+        return time.perf_counter() - start
+
+
+class EchoSender:
+    """Sends made steps with echo's `TcpClient`, one `send` per step (an actor process)."""
+
+    def __init__(self, port: int, index: int, count: int) -> None:
+        from echo import TcpClient
+
+        self.steps = made_steps(index, count)
+        self.client = TcpClient("127.0.0.1", port, step_example(), max_inflight_msgs=32)
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        for step in self.steps:
+            self.client.send(step)
+        self.client.close()
+        return time.perf_counter() - start
+
+
+class TorchrlSender:
+    """Extends TorchRL's remote buffer by blocks of `block` steps (an actor process)."""
+
+    def __init__(self, handle, index: int, count: int, block: int) -> None:
+        import torch
+        from tensordict import TensorDict
+
+        steps = made_steps(index, count)
+        self.handle, self.blocks = handle, []
+        for i in range(0, count, block):
+            part = steps[i : i + block]
+            block = {k: torch.as_tensor(np.stack([s[k] for s in part])) for k in steps[0]}
+            self.blocks.append(TensorDict(block, batch_size=[len(part)]))
+
+    def run(self) -> float:
+        import ray
+
+        start = time.perf_counter()
+        for block in self.blocks:
+            ray.get(self.handle.extend.remote(block))
+        return time.perf_counter() - start
+
+
+def transport_jaxbuf(ray, actors: int, count: int, block: int) -> dict:
+    import jaxbuf
+    from jaxbuf.ray import Ingest
+
+    name, namespace = f"bench-{actors}-{block}", ray.get_runtime_context().namespace
+    buffer = jaxbuf.make_replay_buffer(block + actors * count, BLOCK)
+    ingest = Ingest(buffer, buffer.init(step_example()), inbox=name, capacity=16)
+    sender = ray.remote(num_cpus=0)(JaxbufSender)
+    warmer = sender.remote(name, 99, block, block, namespace)  # its block compiles the write
+    warm = warmer.run.remote()
+    while int(ingest.state.size) < block:
+        ingest.poll(timeout=0.5)
+    senders = [sender.remote(name, i, count, block, namespace) for i in range(actors)]
+    ray.get([warm, *(s.__ray_ready__.remote() for s in senders)])
+    cpu, start = time.process_time(), time.perf_counter()
+    runs = [s.run.remote() for s in senders]
+    while int(ingest.state.size) < block + actors * count:
+        ingest.poll(timeout=0.5)
+    row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu}
+    ray.get(runs)
+    made = {k: np.stack([s[k] for s in made_steps(0, block)]) for k in step_example()}
+    row["bytes_per_step"] = len(pickle.dumps((made, None), protocol=5)) / block
+    ingest.close()
+    return row
+
+
+def transport_echo(ray, actors: int, count: int, block: int) -> dict:
+    import jax
+    from echo import Server, TcpTransport
+
+    import jaxbuf
+
+    buffer = jaxbuf.make_replay_buffer(block + actors * count, BLOCK)
+    state, add = buffer.init(step_example()), jax.jit(buffer.add, donate_argnums=0)
+    state = add(state, {k: np.stack([v] * block) for k, v in step_example().items()})  # compiles
+    server = Server(step_example(), batch_size=block, transport=TcpTransport(0, num_threads=2))
+    server.start()
+    sender = ray.remote(num_cpus=0)(EchoSender)
+    senders = [sender.remote(server.port, i, count) for i in range(actors)]
+    ray.get([s.__ray_ready__.remote() for s in senders])
+    cpu, start = time.process_time(), time.perf_counter()
+    runs = [s.run.remote() for s in senders]
+    for _ in range(actors * count // block):
+        state = add(state, server.sample().batch)
+    int(state.size)
+    row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu}
+    ray.get(runs)
+    server.close()
+    row["bytes_per_step"] = sum(np.asarray(v).nbytes for v in step_example().values())
+    return row
+
+
+def transport_torchrl(ray, actors: int, count: int, block: int) -> dict:
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, RayReplayBuffer
+
+    buffer = RayReplayBuffer(storage=LazyTensorStorage(actors * count), batch_size=BLOCK)
+    sender = ray.remote(num_cpus=0)(TorchrlSender)
+    senders = [sender.remote(buffer._rb, i, count, block) for i in range(actors)]
+    ray.get([s.__ray_ready__.remote() for s in senders])
+    cpu, start = time.process_time(), time.perf_counter()
+    ray.get([s.run.remote() for s in senders])
+    assert len(buffer) == actors * count, len(buffer)
+    row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu}
+    import torch
+
+    made = made_steps(0, block)
+    tensors = {k: torch.as_tensor(np.stack([s[k] for s in made])) for k in step_example()}
+    row["bytes_per_step"] = len(pickle.dumps(TensorDict(tensors, batch_size=[block]))) / block
+    ray.kill(buffer._rb)
+    return row
+
+
+def transport(ray, quick: bool) -> list[dict]:
+    count = 2_000 if quick else STEPS
+    paths = {"jaxbuf.ray": transport_jaxbuf, "echo": transport_echo,
+             "torchrl RayReplayBuffer": transport_torchrl}  # fmt: skip
+    rows = []
+    for block, actors in [(32, 1), (32, 2), (256, 2)]:
+        for name, measure in paths.items():
+            row = {"path": name, "actors": actors, "block": block,
+                   **measure(ray, actors, count, block)}  # fmt: skip
+            row["steps_per_second"] = actors * count / row["seconds"]
+            row["learner_cpu_us"] = row["learner_cpu"] / (actors * count) * 1e6
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+class Putter:
+    """Puts blocks into the object store from an actor process."""
+
+    def put(self, nbytes: int, count: int) -> list:
+        import ray
+
+        return [[ray.put(np.full(nbytes, i, np.uint8))] for i in range(count)]
+
+
+def store(ray, quick: bool) -> list[dict]:
+    putter = ray.remote(num_cpus=0)(Putter).remote()
+    rows = []
+    for nbytes in (1 << 10, 1 << 16, 1 << 20, 1 << 24):
+        count = max(4, min(200, (64 << 20) // nbytes)) // (4 if quick else 1)
+        boxed = ray.get(putter.put.remote(nbytes, count))
+        start = time.perf_counter()
+        for (ref,) in boxed:
+            ray.get(ref)
+        seconds = (time.perf_counter() - start) / count
+        rows.append(
+            {"bytes": nbytes, "us_per_block": seconds * 1e6, "mb_per_s": nbytes / seconds / 1e6}
+        )
+        print(rows[-1], flush=True)
+    ray.kill(putter)
+    return rows
+
+
+def apex(ray, quick: bool) -> list[dict]:
+    from jaxbuf.examples import apex_cartpole
+
+    config = {**apex_cartpole.CONFIG, "total_timesteps": 20_000 if quick else 100_000}
+    if quick:
+        config["learning_starts"] = 2_000
+    rows = []
+    for actors in (0, 1, 2):
+        start = time.perf_counter()
+        if actors:
+            params, network, counts = apex_cartpole.train(0, actors, config=config, quiet=True)
+        else:
+            params, network, counts = apex_cartpole.train_one_process(0, config=config)
+        wall = time.perf_counter() - start
+        row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
+               "steps": counts["steps"], "updates": counts["updates"], "seconds": counts["seconds"],
+               "wall": wall, "return": evaluate(network, params)}  # fmt: skip
+        row["steps_per_second"] = row["steps"] / row["seconds"]
+        row["updates_per_second"] = row["updates"] / row["seconds"]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def evaluate(network, params) -> float:
+    import gymnax
+    import jax
+    import jax.numpy as jnp
+
+    from jaxbuf.examples._common import make_evaluate
+
+    env, env_params = gymnax.make("CartPole-v1")
+    greedy = lambda p, obs: jnp.argmax(network.apply(p, obs), axis=1)  # noqa: E731
+    return float(make_evaluate(greedy, env, env_params, 64)(params, jax.random.key(1)))
+
+
+def soak(ray, quick: bool) -> list[dict]:
+    sys.path.insert(0, str(ROOT / "tests" / "workers"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import jax
+    import jax.numpy as jnp
+    import test_ray  # the test's checks, run longer
+    from ray_producer import Producer
+
+    from jaxbuf.ray import Ingest  # noqa: F401
+
+    kills_wanted, rng = (5 if quick else 20), random.Random(0)
+    producer = ray.remote(num_cpus=0, max_restarts=-1)(Producer)
+    ingest = test_ray._limited_ingest("soak")
+    logs = [pathlib.Path(tempfile.mkdtemp()) / f"actor{i}.log" for i in range(2)]
+    namespace = ray.get_runtime_context().namespace
+    actors = [producer.remote("soak", i, str(logs[i]), 8, 3, 0.001, namespace) for i in range(2)]
+    key, kills, samples, outside = jax.random.key(0), 0, 0, 0
+    start = time.perf_counter()
+    while kills < kills_wanted:
+        assert ingest.wait_until_can_sample(timeout=60), ingest.stats()
+        key, draw = jax.random.split(key)
+        ingest.sample(draw)
+        samples += 1
+        outside += not test_ray._within_bounds(ingest)
+        if rng.random() < 0.02:
+            ray.kill(test_ray._alive(actors[rng.randrange(2)]), no_restart=False)
+            kills += 1
+    stopping = [test_ray._alive(a).stop.remote() for a in actors]
+    while ray.wait(stopping, num_returns=2, timeout=0)[1]:
+        ingest.poll(timeout=0.1)
+        if ingest.pending and ingest.can_sample():
+            ingest.sample(key)
+            outside += not test_ray._within_bounds(ingest)
+    ray.get(stopping)
+    held = test_ray._held(ingest)
+    twice = sum(c - 1 for c in held.values() if c > 1)
+    missing = 0
+    for index, log in enumerate(logs):
+        for incarnation, last in test_ray._acknowledged(log).items():
+            missing += sum(held.get((index, incarnation, b, s), 0) == 0
+                           for b in range(last + 1) for s in range(8))  # fmt: skip
+    stats = ingest.stats()
+    ingest.close()
+    del jnp
+    restarts = sum(stats["inbox"]["incarnations"].values()) - 2
+    return [{"kills": kills, "restarts": restarts, "steps": len(held), "twice": twice,
+             "missing": missing, "samples": samples, "outside": outside,
+             "lost_blocks": stats["lost"], "seconds": time.perf_counter() - start}]  # fmt: skip
+
+
+COLUMNS = {
+    "ray_transport": [("path", "path", "{}"), ("actor processes", "actors", "{}"),
+                      ("steps per block (echo: per batch)", "block", "{}"),
+                      ("steps/s into the learner's buffer", "steps_per_second", "{:,.0f}"),
+                      ("learner CPU µs per step", "learner_cpu_us", "{:.1f}"),
+                      ("bytes sent per step", "bytes_per_step", "{:.1f}")],
+    "ray_store": [("block bytes", "bytes", "{:,}"), ("µs per block", "us_per_block", "{:.0f}"),
+                  ("MB/s", "mb_per_s", "{:,.0f}")],
+    "ray_apex": [("agent", "agent", "{}"), ("steps written", "steps", "{:,}"),
+                 ("updates", "updates", "{:,}"), ("seconds", "seconds", "{:.1f}"),
+                 ("steps/s into the learner", "steps_per_second", "{:,.0f}"),
+                 ("updates/s", "updates_per_second", "{:.1f}"),
+                 ("greedy return (64 episodes)", "return", "{:.1f}")],
+    "ray_soak": [("kills", "kills", "{}"), ("restarts seen", "restarts", "{}"),
+                 ("steps stored", "steps", "{:,}"), ("steps written twice", "twice", "{}"),
+                 ("acknowledged steps missing", "missing", "{}"),
+                 ("samples", "samples", "{:,}"), ("samples outside the bounds", "outside", "{}"),
+                 ("blocks lost with a killed writer (never acknowledged)", "lost_blocks", "{}"),
+                 ("seconds", "seconds", "{:.0f}")],
+}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--parts", default="transport,store,apex,soak")
+    args = parser.parse_args()
+    import ray
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    workers = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False, runtime_env={"env_vars": workers})  # fmt: skip
+    parts = {"transport": transport, "store": store, "apex": apex, "soak": soak}
+    for part in args.parts.split(","):
+        rows = parts[part](ray, args.quick)
+        write_results(args.out, f"ray_{part}", rows, COLUMNS[f"ray_{part}"], __doc__)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
