@@ -124,6 +124,11 @@ RUNS = {
         ("--only", "the demo's", "--table", "learning_demo"),
         ("learning_demo",),
     ),
+    # actor processes on a local Ray cluster: transport against echo and TorchRL, the object
+    # store, the Ape-X agent against one process, a soak of 20 kills (about 15 minutes)
+    "ray": Run(
+        "agents.bench_ray", (), ("ray_transport", "ray_store", "ray_apex", "ray_soak"), "echo"
+    ),
     "dqn_torch": Run(
         "jaxbuf.examples.dqn_torch",
         ("--out", "{out}/dqn_torch_cpu.md"),

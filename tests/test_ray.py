@@ -262,11 +262,19 @@ def test_killed_actors_lose_and_repeat_nothing_and_the_limiter_holds(cluster, tm
     ingest.close()
 
 
-def test_a_restored_checkpoint_under_running_actors_writes_nothing_twice(cluster, tmp_path):
+def test_a_restored_checkpoint_under_running_actors_writes_nothing_twice_and_params_arrive(
+    cluster, tmp_path
+):
     ingest = _limited_ingest("restore", capacity=4)
     logs = [tmp_path / f"actor{i}.log" for i in range(2)]
     namespace = ray.get_runtime_context().namespace
     actors = [cluster.remote("restore", i, str(logs[i]), 4, 2, 0.0, namespace) for i in range(2)]
+    assert ray.get([a.params.remote() for a in actors]) == [(0, None, False)] * 2
+    for version in (1, 2):  # each put once into the object store
+        assert ingest.publish({"w": jnp.full(3, float(version))}) == version
+    for got_version, params, jax_started in ray.get([a.params.remote() for a in actors]):
+        assert got_version == 2 and np.array_equal(params["w"], np.full(3, 2.0, np.float32))
+        assert isinstance(params["w"], np.ndarray) and not jax_started  # NumPy, no JAX backend
     key = jax.random.key(1)
     for round_ in range(3):
         for _ in range(20):
@@ -296,24 +304,6 @@ def test_a_restored_checkpoint_under_running_actors_writes_nothing_twice(cluster
     jaxbuf.save(tmp_path / "plain", {"buffer": ingest.state, "limiter": ingest.limiter_state})
     with pytest.raises(ValueError, match="holds no writer ledger"):
         ingest.restore(tmp_path / "plain")
-    ingest.close()
-
-
-def test_parameters_are_put_once_and_every_actor_reads_the_newest(cluster, tmp_path):
-    buffer = jaxbuf.make_replay_buffer(1_000, 4)
-    ingest = Ingest(buffer, buffer.init(EXAMPLE), inbox="params")
-    namespace = ray.get_runtime_context().namespace
-    actors = [cluster.remote("params", i, str(tmp_path / f"{i}.log"), 4, 2, 0.01, namespace)
-              for i in range(2)]  # fmt: skip
-    assert ray.get([a.params.remote() for a in actors]) == [(0, None)] * 2
-    for version in (1, 2):
-        assert ingest.publish({"w": jnp.full(3, float(version))}) == version
-    for got_version, params in ray.get([a.params.remote() for a in actors]):
-        assert got_version == 2 and np.array_equal(params["w"], np.full(3, 2.0, np.float32))
-        assert isinstance(params["w"], np.ndarray)  # NumPy on the actor: no JAX backend there
-    stopping = [actor.stop.remote() for actor in actors]
-    while ray.wait(stopping, num_returns=2, timeout=0)[1]:
-        ingest.poll(timeout=0.1)
     ingest.close()
 
 

@@ -17,9 +17,10 @@ Four tables, each on a local Ray cluster of this machine's cores:
   blocks of 1 KiB to 16 MiB, the driver gets them: microseconds per block and MB/s,
   what predicts a cluster's throughput per step size (see docs/ray.md).
 - `ray_apex`: the Ape-X agent (`jaxbuf.examples.apex_cartpole`, 100k steps) with 1 and 2
-  actor processes against the same agent in one process (`--actors 0`): steps per
-  second into the learner, updates per second, and the greedy return (gymnax CartPole,
-  64 episodes).
+  actor processes against the same agent in one process (`--actors 0`), seeds 0-2 (one
+  seed with 1 actor): steps per second into the learner (from the learner's start,
+  actors' start-up included), updates per second, and the greedy return (gymnax
+  CartPole, 64 episodes).
 - `ray_soak`: two actors sending while the learner samples under a rate limiter; one of
   them killed at 20 random moments (Ray restarts it): steps written twice, steps a
   writer was told are written but missing, and the limiter's bounds checked after
@@ -94,6 +95,7 @@ class EchoSender:
         start = time.perf_counter()
         for step in self.steps:
             self.client.send(step)
+        self.client.wait()  # every step acknowledged by the server
         self.client.close()
         return time.perf_counter() - start
 
@@ -109,8 +111,8 @@ class TorchrlSender:
         self.handle, self.blocks = handle, []
         for i in range(0, count, block):
             part = steps[i : i + block]
-            block = {k: torch.as_tensor(np.stack([s[k] for s in part])) for k in steps[0]}
-            self.blocks.append(TensorDict(block, batch_size=[len(part)]))
+            tensors = {k: torch.as_tensor(np.stack([s[k] for s in part])) for k in steps[0]}
+            self.blocks.append(TensorDict(tensors, batch_size=[len(part)]))
 
     def run(self) -> float:
         import ray
@@ -244,20 +246,23 @@ def apex(ray, quick: bool) -> list[dict]:
     if quick:
         config["learning_starts"] = 2_000
     rows = []
-    for actors in (0, 1, 2):
-        start = time.perf_counter()
-        if actors:
-            params, network, counts = apex_cartpole.train(0, actors, config=config, quiet=True)
-        else:
-            params, network, counts = apex_cartpole.train_one_process(0, config=config)
-        wall = time.perf_counter() - start
-        row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
-               "steps": counts["steps"], "updates": counts["updates"], "seconds": counts["seconds"],
-               "wall": wall, "return": evaluate(network, params)}  # fmt: skip
-        row["steps_per_second"] = row["steps"] / row["seconds"]
-        row["updates_per_second"] = row["updates"] / row["seconds"]
-        rows.append(row)
-        print(row, flush=True)
+    for actors, seeds in ((0, (0, 1, 2)), (1, (0,)), (2, (0, 1, 2))):
+        for seed in seeds if not quick else (0,):
+            start = time.perf_counter()
+            if actors:
+                params, network, counts = apex_cartpole.train(
+                    seed, actors, config=config, quiet=True
+                )
+            else:
+                params, network, counts = apex_cartpole.train_one_process(seed, config=config)
+            row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
+                   "seed": seed, "steps": counts["steps"], "updates": counts["updates"],
+                   "seconds": counts["seconds"], "wall": time.perf_counter() - start,
+                   "return": evaluate(network, params)}  # fmt: skip
+            row["steps_per_second"] = row["steps"] / row["seconds"]
+            row["updates_per_second"] = row["updates"] / row["seconds"]
+            rows.append(row)
+            print(row, flush=True)
     return rows
 
 
@@ -331,8 +336,9 @@ COLUMNS = {
                       ("bytes sent per step", "bytes_per_step", "{:.1f}")],
     "ray_store": [("block bytes", "bytes", "{:,}"), ("µs per block", "us_per_block", "{:.0f}"),
                   ("MB/s", "mb_per_s", "{:,.0f}")],
-    "ray_apex": [("agent", "agent", "{}"), ("steps written", "steps", "{:,}"),
-                 ("updates", "updates", "{:,}"), ("seconds", "seconds", "{:.1f}"),
+    "ray_apex": [("agent", "agent", "{}"), ("seed", "seed", "{}"),
+                 ("steps written", "steps", "{:,}"), ("updates", "updates", "{:,}"),
+                 ("seconds", "seconds", "{:.1f}"),
                  ("steps/s into the learner", "steps_per_second", "{:,.0f}"),
                  ("updates/s", "updates_per_second", "{:.1f}"),
                  ("greedy return (64 episodes)", "return", "{:.1f}")],
@@ -354,7 +360,9 @@ def main() -> None:
     import ray
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    workers = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    # the soak's actors are the tests' (tests/workers/ray_producer.py)
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "workers")])
+    workers = {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
              log_to_driver=False, runtime_env={"env_vars": workers})  # fmt: skip
     parts = {"transport": transport, "store": store, "apex": apex, "soak": soak}

@@ -116,7 +116,8 @@ class Acting:
         for i, env in enumerate(self.envs):
             obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
             obs = obs.astype(np.float32)
-            transitions += self.nsteps[i].step(self.obs[i], actions[i], float(reward), obs,
+            # a copy: the row of `self.obs` is overwritten below, the transition keeps it
+            transitions += self.nsteps[i].step(self.obs[i].copy(), actions[i], float(reward), obs,
                                                terminated, truncated)  # fmt: skip
             self._running[i] += reward
             if terminated or truncated:

@@ -66,9 +66,9 @@ class Ingest:
         self._write = jax.jit(functools.partial(_write, buffer, limiter), donate_argnums=(0, 1))
         self._sample = jax.jit(buffer.sample) if hasattr(buffer, "sample") else None
         # the limiter's checks are a few hundred scalar operations: one call each, not eager
-        self._can_insert = jax.jit(limiter.can_insert) if limiter else None
-        self._can_sample = jax.jit(limiter.can_sample) if limiter else None
-        self._sampled = jax.jit(limiter.sampled) if limiter else None
+        self._can_insert: Any = jax.jit(limiter.can_insert) if limiter else None
+        self._can_sample: Any = jax.jit(limiter.can_sample) if limiter else None
+        self._sampled: Any = jax.jit(limiter.sampled) if limiter else None
         self._buffer_can_sample = jax.jit(buffer.can_sample)
         self._params_version = 0
 

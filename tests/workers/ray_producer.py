@@ -55,7 +55,10 @@ class Producer:
         return {"written_blocks": writer.written_blocks, "in_flight": writer.in_flight,
                 "max_in_flight": self.max_in_flight, "params": writer.params_version}  # fmt: skip
 
-    def params(self) -> tuple[int, object]:
-        """The newest parameters the learner published, and their version."""
+    def params(self) -> tuple[int, object, bool]:
+        """The newest parameters the learner published, their version, and whether a JAX
+        backend was started in this process (it should not be)."""
+        from jax._src import xla_bridge
+
         params = self.writer.params()
-        return self.writer.params_version, params
+        return self.writer.params_version, params, bool(xla_bridge._backends)
