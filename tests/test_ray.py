@@ -136,6 +136,15 @@ def test_writer_arguments_are_checked_before_connecting():
         Writer("nowhere", "a", block_size=4, window=1.5)
 
 
+def test_ingest_arguments_are_checked_before_the_inbox_starts():
+    buffer = jaxbuf.make_replay_buffer(8, 2)
+    state = buffer.init({"x": jnp.float32(0)})
+    with pytest.raises(ValueError, match="capacity must be a positive int, got 0"):
+        Ingest(buffer, state, capacity=0)
+    with pytest.raises(ValueError, match="blocks_per_poll must be a positive int, got True"):
+        Ingest(buffer, state, blocks_per_poll=True)
+
+
 # --- one local Ray cluster for the rest -------------------------------------------------
 
 
