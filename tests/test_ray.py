@@ -189,6 +189,21 @@ def _alive(actor):
     raise AssertionError("a killed actor did not restart in 30 s")
 
 
+def _kill(actor) -> None:
+    """Kills the actor's process and waits until its restart has connected (a kill is
+    asynchronous: a call sent before the old process died would be lost with it)."""
+    before = ray.get(_alive(actor).incarnation.remote())
+    ray.kill(actor, no_restart=False)
+    for _ in range(300):
+        try:
+            if ray.get(actor.incarnation.remote()) != before:
+                return
+        except ray.exceptions.RayActorError:  # restarting (unavailable) or not yet dead
+            pass
+        time.sleep(0.1)
+    raise AssertionError("a killed actor did not restart in 30 s")
+
+
 def _within_bounds(ingest) -> bool:
     """Reverb's invariant: diff <= max_diff once filling is over, diff >= min_diff once
     anything was sampled (diff = inserts * spi - samples)."""
@@ -251,7 +266,7 @@ def test_killed_actors_lose_and_repeat_nothing_and_the_limiter_holds(cluster, tm
         updates += 1
         assert _within_bounds(ingest), ingest.limiter_state.counts()
         if kills < KILLS and rng.random() < 0.05:
-            ray.kill(_alive(actors[rng.randrange(2)]), no_restart=False)  # a live one
+            _kill(actors[rng.randrange(2)])
             kills += 1
     stopping = [_alive(actor).stop.remote() for actor in actors]  # each waits for its blocks
     while ray.wait(stopping, num_returns=len(stopping), timeout=0)[1]:

@@ -303,7 +303,7 @@ def soak(ray, quick: bool) -> list[dict]:
         samples += 1
         outside += not test_ray._within_bounds(ingest)
         if rng.random() < 0.02:
-            ray.kill(test_ray._alive(actors[rng.randrange(2)]), no_restart=False)
+            test_ray._kill(actors[rng.randrange(2)])
             kills += 1
     stopping = [test_ray._alive(a).stop.remote() for a in actors]
     while ray.wait(stopping, num_returns=2, timeout=0)[1]:

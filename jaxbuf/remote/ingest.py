@@ -67,9 +67,8 @@ class Ingest:
         self._sample = jax.jit(buffer.sample) if hasattr(buffer, "sample") else None
         # the limiter's checks are a few hundred scalar operations: one call each, not eager
         self._can_insert: Any = jax.jit(limiter.can_insert) if limiter else None
-        self._can_sample: Any = jax.jit(limiter.can_sample) if limiter else None
+        self._can_sample: Any = jax.jit(functools.partial(_can_sample, buffer, limiter))
         self._sampled: Any = jax.jit(limiter.sampled) if limiter else None
-        self._buffer_can_sample = jax.jit(buffer.can_sample)
         self._params_version = 0
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -116,8 +115,7 @@ class Ingest:
         """Whether the buffer can sample and the limiter allows `batch_size` samples
         (default: the buffer's `sample_batch_size`)."""
         n = batch_size or self.buffer.config["sample_batch_size"]
-        allowed = not self.limiter or bool(self._can_sample(self.limiter_state, n))
-        return allowed and bool(self._buffer_can_sample(self.state))
+        return bool(self._can_sample(self.state, self.limiter_state, n))  # one host sync
 
     def wait_until_can_sample(self, timeout: float = 60.0) -> bool:
         """Writes arriving blocks, waiting on the inbox (no spin), until `can_sample`;
@@ -220,6 +218,12 @@ def _write(buffer: Any, limiter: Any, state: Any, limiter_state: Any, block: Any
     if limiter is not None:
         limiter_state = limiter.inserted(limiter_state, n)
     return state, limiter_state
+
+
+def _can_sample(buffer: Any, limiter: Any, state: Any, limiter_state: Any, n: Any) -> jax.Array:
+    """The buffer's `can_sample` and the limiter's, as one bool (one call, one sync)."""
+    allowed = buffer.can_sample(state)
+    return allowed if limiter is None else allowed & limiter.can_sample(limiter_state, n)
 
 
 def _check_prioritized_ring(buffer: Any, state: Any) -> None:

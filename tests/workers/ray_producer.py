@@ -55,6 +55,10 @@ class Producer:
         return {"written_blocks": writer.written_blocks, "in_flight": writer.in_flight,
                 "max_in_flight": self.max_in_flight, "params": writer.params_version}  # fmt: skip
 
+    def incarnation(self) -> int:
+        """This process's incarnation of the writer's name (a restart gets a new one)."""
+        return self.writer.incarnation
+
     def params(self) -> tuple[int, object, bool]:
         """The newest parameters the learner published, their version, and whether a JAX
         backend was started in this process (it should not be)."""
