@@ -19,6 +19,7 @@ import collections
 import time
 from typing import Any
 
+import jax.tree_util as tree_util
 import numpy as np
 import ray
 import ray.exceptions
@@ -201,9 +202,7 @@ def _inbox_handle(inbox: Any, namespace: str | None, timeout: float) -> Any:
 
 
 def _flatten(step: Any) -> tuple[list[np.ndarray], Any]:
-    """The step's leaves as NumPy arrays, and its structure (no JAX: a plain tree walk)."""
-    import jax.tree_util as tree_util  # the tree utilities only: no backend starts
-
+    """The step's leaves as NumPy arrays, and its structure (a tree walk: no backend starts)."""
     leaves, treedef = tree_util.tree_flatten(step)
     return [np.asarray(leaf) for leaf in leaves], treedef
 
