@@ -134,6 +134,8 @@ def test_writer_arguments_are_checked_before_connecting():
         Writer("nowhere", "a", block_size=0)
     with pytest.raises(ValueError, match=r"window must be a positive int, got 1\.5"):
         Writer("nowhere", "a", block_size=4, window=1.5)
+    with pytest.raises(ValueError, match="answer_timeout must be a positive number of seconds"):
+        Writer("nowhere", "a", block_size=4, answer_timeout=0)
 
 
 def test_ingest_arguments_are_checked_before_the_inbox_starts():
@@ -409,3 +411,37 @@ def test_apex_actors_numpy_network_equals_the_learners():
     obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
     np.testing.assert_allclose(apex.q_values(jax.device_get(params), obs),
                                network.apply(params, obs), rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_a_learner_started_again_from_its_checkpoint_is_found_by_its_writers(cluster, tmp_path):
+    namespace = ray.get_runtime_context().namespace
+    buffer = jaxbuf.make_replay_buffer(64, 2)
+    first = Ingest(buffer, buffer.init(EXAMPLE), inbox="again")
+    writer = Writer("again", "w", block_size=2, window=8, namespace=namespace, answer_timeout=5.0)
+    step = lambda i: {"ids": np.full(4, i, np.int32), "obs": np.zeros(3, np.float32)}  # noqa: E731
+    for i in range(4):  # two blocks, written and acknowledged
+        writer.append(step(i))
+    while first.ledger.entries.get("w") is None or first.ledger.entries["w"].blocks < 2:
+        first.poll(timeout=5)
+    first.save(tmp_path / "ckpt")
+    first.close()  # the learner's process ends, and its inbox with it
+    second = None
+    for _ in range(50):  # a new learner, same inbox name, once the old name is free
+        try:
+            second = Ingest(buffer, buffer.init(EXAMPLE), inbox="again")
+            break
+        except ValueError:
+            time.sleep(0.2)
+    assert second is not None
+    second.restore(tmp_path / "ckpt")
+    for i in range(4, 10):  # three blocks offered to the dead inbox: the writer keeps them
+        writer.append(step(i))
+    assert not writer.wait(timeout=1)  # finds the inbox gone, reconnects, offers them again
+    for _ in range(20):
+        if sum(e.steps for e in second.ledger.entries.values()) == 10:
+            break
+        second.poll(timeout=1)
+    assert writer.wait(timeout=10) and writer.incarnation == 1
+    held = _held(second)
+    assert sorted(k[0] for k in held) == list(range(10)) and max(held.values()) == 1
+    second.close()

@@ -30,6 +30,8 @@ from jaxbuf.remote.inbox import Offer
 # learner); larger ones go through the object store once, by reference (Ray inlines
 # task arguments up to 100 KiB itself).
 INLINE_BYTES = 64 * 1024
+UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+               ray.exceptions.GetTimeoutError)  # fmt: skip
 
 
 class Writer:
@@ -42,13 +44,22 @@ class Writer:
       block_size: steps per block.
       window: blocks in flight at most.
       reconnect_timeout: seconds to wait for an inbox that went away to come back.
+      answer_timeout: seconds a call to the inbox may take beyond its own wait before the
+        writer looks the inbox up by name again (a dead actor's calls fail at once; this
+        bounds the others: an inbox whose process hangs, a lost reply).
     """
 
     def __init__(self, inbox: Any, name: str, *, block_size: int, window: int = 4,
-                 reconnect_timeout: float = 60.0,
+                 reconnect_timeout: float = 60.0, answer_timeout: float = 30.0,
                  namespace: str | None = None) -> None:  # fmt: skip
         _check_positive("block_size", block_size)
         _check_positive("window", window)
+        for argument, value in (("reconnect_timeout", reconnect_timeout),
+                                ("answer_timeout", answer_timeout)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(
+                    f"{argument} must be a positive number of seconds, got {value!r}.")  # fmt: skip
+        self._answer_timeout = float(answer_timeout)
         self.name, self.block_size, self.window = str(name), block_size, window
         self._inbox_name = inbox if isinstance(inbox, str) else None
         self._inbox = _inbox_handle(inbox, namespace, reconnect_timeout)
@@ -59,7 +70,8 @@ class Writer:
         self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
         self._params_version, self._params, self._last_written = 0, None, -1
-        self.incarnation, _, self._restarts = ray.get(self._inbox.connect.remote(self.name, None))
+        self.incarnation, _, self._restarts = ray.get(
+            self._inbox.connect.remote(self.name, None), timeout=self._answer_timeout)  # fmt: skip
 
     def append(self, step: Any, priority: float | None = None) -> None:
         """Adds one step (a pytree of arrays or scalars, without a batch axis), with its
@@ -104,7 +116,8 @@ class Writer:
         object store only when they changed; `None` before the first."""
         version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
         if boxed:
-            self._params_version, self._params = version, ray.get(boxed[0])
+            params = ray.get(boxed[0], timeout=self._answer_timeout)
+            self._params_version, self._params = version, params
         return self._params
 
     @property
@@ -128,7 +141,7 @@ class Writer:
 
     def _await_written(self, sequence: int, timeout: float) -> None:
         last, restarts = self._call(lambda inbox: inbox.written.remote(
-            self.name, self.incarnation, sequence, self._restarts, timeout))  # fmt: skip
+            self.name, self.incarnation, sequence, self._restarts, timeout), timeout)  # fmt: skip
         self._forget_through(last)
         if restarts != self._restarts:  # the learner went back to a checkpoint
             self._restarts = restarts
@@ -146,21 +159,32 @@ class Writer:
             self.written_blocks += 1
             self.written_steps += offer.steps
 
-    def _call(self, method: Any) -> Any:
-        """`ray.get(method(inbox))`, connecting again (and sending again what the learner
-        has not written) where the inbox went away."""
-        try:
-            return ray.get(method(self._inbox))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            if self._inbox_name is None:
-                raise
-        self._reconnect()
-        return ray.get(method(self._inbox))
+    def _call(self, method: Any, waits: float = 0.0) -> Any:
+        """`ray.get(method(inbox))` within `waits + self._answer_timeout` seconds, connecting again
+        (and sending again what the learner has not written) where the inbox went away or
+        did not answer in time; the call is then made again on the inbox found."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            try:
+                return ray.get(method(self._inbox), timeout=waits + self._answer_timeout)
+            except UNREACHABLE:
+                if self._inbox_name is None or time.monotonic() > deadline:
+                    raise
+            self._reconnect(deadline)
 
-    def _reconnect(self) -> None:
-        self._inbox = _inbox_handle(self._inbox_name, self._namespace, self._reconnect_timeout)
-        incarnation, last, self._restarts = ray.get(
-            self._inbox.connect.remote(self.name, self.incarnation))  # fmt: skip
+    def _reconnect(self, deadline: float) -> None:
+        """Finds the inbox by name again (waiting for it until `deadline`) and connects."""
+        while True:
+            self._inbox = _inbox_handle(self._inbox_name, self._namespace,
+                                        max(deadline - time.monotonic(), 0.0))  # fmt: skip
+            try:
+                answer = self._inbox.connect.remote(self.name, self.incarnation)
+                incarnation, last, self._restarts = ray.get(answer, timeout=self._answer_timeout)
+                break
+            except UNREACHABLE:  # the old inbox's name, not yet freed, or a slow one
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         if incarnation != self.incarnation:  # another process took the name: start afresh
             self.incarnation, self._sequence, self._last_written = incarnation, 0, -1
             self.dropped_blocks += len(self._unwritten)
