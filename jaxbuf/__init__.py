@@ -46,7 +46,12 @@ from jaxbuf.kinds.transition import FinalObservations, make_transition_buffer
 from jaxbuf.loop.host_loop import HostLoop
 from jaxbuf.options.goals import Hindsight, hindsight
 from jaxbuf.rl.prefill import Environment, gymnax_env, prefill
-from jaxbuf.rl.rate_limit import RateLimiter, RateLimiterState, sample_to_insert_ratio
+from jaxbuf.rl.rate_limit import (
+    RateLimiter,
+    RateLimiterState,
+    batches_allowed,
+    sample_to_insert_ratio,
+)
 from jaxbuf.rl.returns import discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuf.rl.spaces import example_from_space
 from jaxbuf.transforms.blocks import Blocks, blocks
@@ -85,6 +90,7 @@ __all__ = [
     "Sampler",
     "TimeRingState",
     "Transition",
+    "batches_allowed",
     "blocks",
     "buffer_from_config",
     "dataset_to_state",

@@ -339,3 +339,36 @@ def test_the_state_saves_and_restores(tmp_path):
     restored = jaxbuf.restore(jaxbuf.save(tmp_path / "limiter", state), limiter.init())
     assert {k: int(v) for k, v in restored.counts().items()} == {
         "inserts": 3, "samples": 2, "deletes": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("spi, min_size, error_buffer", [CASES[1], CASES[4], CASES[8]])
+def test_batches_allowed_is_how_many_batches_reverb_would_draw_in_a_row(
+    spi, min_size, error_buffer
+):
+    limiter = jaxbuf.sample_to_insert_ratio(spi, min_size, error_buffer)
+    allowed = jax.jit(jaxbuf.batches_allowed, static_argnums=(0, 3))
+    rng = np.random.default_rng(min_size)
+    seen = set()
+    for _ in range(60):
+        inserts = int(rng.integers(0, 400))
+        deletes = int(rng.integers(0, inserts + 1)) if rng.random() < 0.2 else 0
+        samples = max(int(inserts * spi) - int(rng.integers(-20, 60)), 0)
+        batch = int(rng.integers(1, 9))
+        model = ReverbModel(spi, min_size, error_buffer, inserts, samples, deletes)
+        # the reference: draw batch after batch while Reverb allows, as a learner would
+        expected = 0
+        while expected < 8 and model.can_sample(batch):
+            model.samples += batch
+            expected += 1
+        got = int(allowed(limiter, state_of(inserts, samples, deletes), batch, 8))
+        assert got == expected, (inserts, samples, deletes, batch)
+        seen.add(expected)
+    assert {0, 8} <= seen and len(seen) > 3  # none, the cap, and some between
+
+
+def test_batches_allowed_names_a_bad_cap():
+    limiter = jaxbuf.sample_to_insert_ratio(1.0, 1, 2.0)
+    with pytest.raises(ValueError, match="most"):
+        jaxbuf.batches_allowed(limiter, limiter.init(), 4, 0)
+    with pytest.raises(TypeError, match="most must be an integer"):
+        jaxbuf.batches_allowed(limiter, limiter.init(), 4, 2.5)

@@ -379,7 +379,7 @@ def _drawn_frequencies(buffer, state, draws: int = 40_000):
 
 
 def test_apex_actors_n_step_transitions_match_a_reference_over_ends_of_both_kinds():
-    apex = pytest.importorskip("jaxbuf.examples.apex_cartpole")
+    apex = pytest.importorskip("jaxbuf.examples.apex_actor")
     rng = np.random.default_rng(0)
     n, gamma = 3, 0.9
     nstep, got, episode = apex.NStep(n, gamma), [], []
@@ -405,8 +405,8 @@ def test_apex_actors_n_step_transitions_match_a_reference_over_ends_of_both_kind
 
 
 def test_apex_actors_numpy_network_equals_the_learners():
-    apex = pytest.importorskip("jaxbuf.examples.apex_cartpole")
-    network = apex.QNetwork(2, (16, 8))
+    apex = pytest.importorskip("jaxbuf.examples.apex_actor")
+    network = pytest.importorskip("jaxbuf.examples.dqn_cartpole").QNetwork(2, (16, 8))
     params = network.init(jax.random.key(0), jnp.zeros(4))
     obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
     np.testing.assert_allclose(apex.q_values(jax.device_get(params), obs),

@@ -29,6 +29,7 @@ import ray.exceptions
 from jaxbuf.io import checkpoint as _checkpoint
 from jaxbuf.remote.inbox import Inbox, Offer
 from jaxbuf.remote.ledger import Ledger
+from jaxbuf.rl.rate_limit import batches_allowed
 
 LOST = (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError)
 
@@ -63,11 +64,14 @@ class Ingest:
         self.blocks_per_poll, self.lost_blocks = blocks_per_poll, 0
         self.pending: collections.deque[tuple[Offer, Any, Any]] = collections.deque()
         self.inbox = _start_inbox(inbox, capacity, self.ledger.acknowledged(), namespace)
-        self._write = jax.jit(functools.partial(_write, buffer, limiter), donate_argnums=(0, 1))
+        self._write = jax.jit(
+            functools.partial(write_block, buffer, limiter), donate_argnums=(0, 1)
+        )
         self._sample = jax.jit(buffer.sample) if hasattr(buffer, "sample") else None
         # the limiter's checks are a few hundred scalar operations: one call each, not eager
         self._can_insert: Any = jax.jit(limiter.can_insert) if limiter else None
-        self._can_sample: Any = jax.jit(functools.partial(_can_sample, buffer, limiter))
+        self._allowed: Any = jax.jit(functools.partial(_allowed, buffer, limiter),
+                                     static_argnames="most")  # fmt: skip
         self._sampled: Any = jax.jit(limiter.sampled) if limiter else None
         self._params_version = 0
 
@@ -114,8 +118,14 @@ class Ingest:
     def can_sample(self, batch_size: int | None = None) -> bool:
         """Whether the buffer can sample and the limiter allows `batch_size` samples
         (default: the buffer's `sample_batch_size`)."""
+        return self.batches_allowed(1, batch_size) > 0
+
+    def batches_allowed(self, most: int = 1, batch_size: int | None = None) -> int:
+        """How many batches of `batch_size` (default: the buffer's) may be drawn now, one
+        after another, at most `most` (`jaxbuf.batches_allowed`; 0 where the buffer cannot
+        sample): one check, one host sync, for up to `most` updates."""
         n = batch_size or self.buffer.config["sample_batch_size"]
-        return bool(self._can_sample(self.state, self.limiter_state, n))  # one host sync
+        return int(self._allowed(self.state, self.limiter_state, n, most=most))
 
     def wait_until_can_sample(self, timeout: float = 60.0) -> bool:
         """Writes arriving blocks, waiting on the inbox (no spin), until `can_sample`;
@@ -202,10 +212,11 @@ def _start_inbox(name: str, capacity: int, acknowledged: dict, namespace: str | 
     return actor.options(**options).remote(capacity, acknowledged)
 
 
-def _write(buffer: Any, limiter: Any, state: Any, limiter_state: Any, block: Any,
-           priorities: Any) -> tuple[Any, Any]:  # fmt: skip
-    """One block into the buffer (jitted, donated): `add`, then the block's initial
-    priorities on the rows it took (a replay ring: from `position`), then the count."""
+def write_block(buffer: Any, limiter: Any, state: Any, limiter_state: Any, block: Any,
+                priorities: Any) -> tuple[Any, Any]:  # fmt: skip
+    """One block `[n, ...]` into the buffer (jit it and donate `state`, `limiter_state`):
+    `add`, then the block's initial priorities `[n]` (or None) on the rows it took (a
+    replay ring: from `position`), then the limiter's count (where a limiter is given)."""
     n = jax.tree.leaves(block)[0].shape[0]
     rows = None
     if priorities is not None:
@@ -220,10 +231,14 @@ def _write(buffer: Any, limiter: Any, state: Any, limiter_state: Any, block: Any
     return state, limiter_state
 
 
-def _can_sample(buffer: Any, limiter: Any, state: Any, limiter_state: Any, n: Any) -> jax.Array:
-    """The buffer's `can_sample` and the limiter's, as one bool (one call, one sync)."""
-    allowed = buffer.can_sample(state)
-    return allowed if limiter is None else allowed & limiter.can_sample(limiter_state, n)
+def _allowed(buffer: Any, limiter: Any, state: Any, limiter_state: Any, n: Any,
+             most: int) -> jax.Array:  # fmt: skip
+    """int32: batches of `n` the limiter allows now (at most `most`), 0 where the buffer
+    cannot sample (one call, one sync)."""
+    allowed = (
+        jnp.int32(most) if limiter is None else batches_allowed(limiter, limiter_state, n, most)
+    )
+    return jnp.where(buffer.can_sample(state), allowed, 0)
 
 
 def _check_prioritized_ring(buffer: Any, state: Any) -> None:

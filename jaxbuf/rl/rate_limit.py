@@ -314,3 +314,23 @@ def sample_to_insert_ratio(
         return state.replace(deletes=_counted(state.deletes, n, where))
 
     return RateLimiter(init, can_insert, can_sample, inserted, sampled, deleted, config)
+
+
+def batches_allowed(limiter: RateLimiter, state: RateLimiterState, batch_size: Any,
+                    most: int) -> jax.Array:  # fmt: skip
+    """int32 scalar in [0, most]: how many batches of `batch_size` the limiter allows
+    drawn now, one after another, with no insert between. `can_sample(k * batch_size)`
+    falls from true to false as k grows (`diff - k * batch_size` only falls), so the
+    answer is the number of k in 1..most it allows: one check (one host sync from
+    Python) before k updates instead of one before each.
+
+    >>> import jaxbuf
+    >>> limiter = jaxbuf.sample_to_insert_ratio(2.0, min_size_to_sample=10, error_buffer=64.0)
+    >>> state = limiter.inserted(limiter.init(), 40)   # diff 80, min_diff -44
+    >>> int(jaxbuf.batches_allowed(limiter, state, batch_size=16, most=16))   # 7 * 16 <= 124
+    7
+    """
+    most = _validation.check_int("most", most, maximum=4096)
+    k = jnp.arange(1, most + 1, dtype=jnp.int32)
+    allowed = jax.vmap(lambda ki: limiter.can_sample(state, ki * batch_size))(k)
+    return jnp.sum(allowed, dtype=jnp.int32)
