@@ -143,9 +143,10 @@ class Learning:
         """`allowed` updates (fewer at the end of the run): the buffer state after them,
         how many ran, and whether parameters are due for the actors."""
         c, count, publish = self.config, min(allowed, self.total - self.updates), False
-        draws = jax.random.split(self.key, count + 1)
-        self.key = draws[0]
-        for draw in draws[1:]:
+        # keys for a whole burst in one call of one shape (a shape per count would compile
+        # a split for each count)
+        self.key, *draws = list(jax.random.split(self.key, self.config["updates_per_check"] + 1))
+        for draw in draws[:count]:
             frac = min(self.updates / self.total, 1.0)
             beta = c["importance_start"] + frac * (c["importance_end"] - c["importance_start"])
             self.learner, buffer_state, self.loss = self.update(

@@ -115,8 +115,10 @@ class Inbox:
         return written_in > incarnation or (written_in == incarnation and last >= sequence)
 
     async def publish(self, version: int, boxed: list) -> None:
-        """The newest parameters' reference (in a list, so that it stays a reference)."""
-        self._params = (version, boxed)
+        """The newest parameters' reference (in a list, so that it stays a reference); an
+        older version arriving late (calls to an async actor may overtake) is dropped."""
+        if version > self._params[0]:
+            self._params = (version, boxed)
 
     async def params(self, have: int) -> tuple[int, list]:
         """`(version, [reference])` where newer than `have`, else `(have, [])`."""
