@@ -298,7 +298,12 @@ def test_a_restored_checkpoint_under_running_actors_writes_nothing_twice_and_par
     assert ray.get([a.params.remote() for a in actors]) == [(0, None, False)] * 2
     for version in (1, 2):  # each put once into the object store
         assert ingest.publish({"w": jnp.full(3, float(version))}) == version
-    for got_version, params, jax_started in ray.get([a.params.remote() for a in actors]):
+    for _ in range(60):  # the newest version reaches each writer within PARAMS_CHECK seconds
+        got = ray.get([a.params.remote() for a in actors])
+        if all(version == 2 for version, _, _ in got):
+            break
+        time.sleep(0.1)
+    for got_version, params, jax_started in got:
         assert got_version == 2 and np.array_equal(params["w"], np.full(3, 2.0, np.float32))
         assert isinstance(params["w"], np.ndarray) and not jax_started  # NumPy, no JAX backend
     key = jax.random.key(1)

@@ -62,13 +62,16 @@ class Inbox:
         written_in, last = self._acknowledged.get(name, (0, -1))
         return last if written_in == incarnation else -1
 
-    async def offer(self, offer: Offer) -> None:
-        """Queues a block's reference, waiting while the inbox holds `capacity` of them."""
+    async def offer(self, offer: Offer) -> int:
+        """Queues a block's reference, waiting while the inbox holds `capacity` of them;
+        returns the newest parameters' version (the writer reads it when it asks for
+        parameters: no call of its own for a version that did not change)."""
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._offers) < self._capacity)
             self._offers.append(offer)
             self._offered += 1
             self._changed.notify_all()
+        return self._params[0]
 
     async def take(self, most: int, timeout: float) -> list[Offer]:
         """Up to `most` offers, oldest first; waits up to `timeout` seconds for the first."""
@@ -99,16 +102,17 @@ class Inbox:
             self._changed.notify_all()
 
     async def written(self, name: str, incarnation: int, sequence: int, restarts: int,
-                      timeout: float) -> tuple[int, int]:  # fmt: skip
+                      timeout: float) -> tuple[int, int, int]:  # fmt: skip
         """Waits up to `timeout` seconds until block `sequence` of the writer's incarnation
         is written (or a later incarnation of the name is, or the learner restarted since
-        the writer's `restarts`); returns `(last written, restarts)`."""
+        the writer's `restarts`); returns `(last written, restarts, newest parameters'
+        version)`."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(
                     lambda: self._passed(name, incarnation, sequence)
                     or self._restarts != restarts), timeout)  # fmt: skip
-            return self._last_written(name, incarnation), self._restarts
+            return self._last_written(name, incarnation), self._restarts, self._params[0]
 
     def _passed(self, name: str, incarnation: int, sequence: int) -> bool:
         written_in, last = self._acknowledged.get(name, (0, -1))

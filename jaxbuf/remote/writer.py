@@ -16,6 +16,7 @@ restored learner has not written.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ from jaxbuf.remote.inbox import Offer
 # learner); larger ones go through the object store once, by reference (Ray inlines
 # task arguments up to 100 KiB itself).
 INLINE_BYTES = 64 * 1024
+# Seconds after which `params` asks the inbox even where no answer brought a newer version.
+PARAMS_CHECK = 1.0
 UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                ray.exceptions.GetTimeoutError)  # fmt: skip
 
@@ -70,6 +73,7 @@ class Writer:
         self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
         self._params_version, self._params, self._last_written = 0, None, -1
+        self._newest, self._heard_at, self._answer = 0, time.monotonic(), None
         self.incarnation, _, self._restarts = ray.get(
             self._inbox.connect.remote(self.name, None), timeout=self._answer_timeout)  # fmt: skip
 
@@ -112,13 +116,30 @@ class Writer:
         return len(self._unwritten)
 
     def params(self) -> Any:
-        """The newest parameters the learner published (`Ingest.publish`), fetched from the
-        object store only when they changed; `None` before the first."""
-        version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
-        if boxed:
-            params = ray.get(boxed[0], timeout=self._answer_timeout)
-            self._params_version, self._params = version, params
+        """The newest parameters the learner published (`Ingest.publish`) that this writer
+        has heard of, fetched from the object store only when they changed; `None` before
+        the first. The inbox's answers to this writer's blocks carry the newest version,
+        so a writer that sends asks the inbox only when a newer one was published; one
+        that has heard nothing for `PARAMS_CHECK` seconds asks anyway."""
+        self._listen()
+        quiet = time.monotonic() - self._heard_at > PARAMS_CHECK
+        if self._params is None or self._newest > self._params_version or quiet:
+            version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
+            self._heard(version)
+            if boxed:
+                params = ray.get(boxed[0], timeout=self._answer_timeout)
+                self._params_version, self._params = version, params
         return self._params
+
+    def _listen(self) -> None:
+        """The newest version from the answer to the last block offered, if it is here."""
+        if self._answer is not None and ray.wait([self._answer], timeout=0)[0]:
+            with contextlib.suppress(*UNREACHABLE):  # a dead inbox: `_call` finds the next
+                self._heard(ray.get(self._answer, timeout=self._answer_timeout))
+            self._answer = None
+
+    def _heard(self, version: int) -> None:
+        self._newest, self._heard_at = max(self._newest, version), time.monotonic()
 
     @property
     def params_version(self) -> int:
@@ -137,11 +158,12 @@ class Writer:
                       _payload(block, priorities, columns), steps, self._last_written)  # fmt: skip
         self._sequence += 1
         self._unwritten[offer.sequence] = offer
-        self._inbox.offer.remote(offer)  # runs after this writer's earlier calls (Ray's order)
+        self._answer = self._inbox.offer.remote(offer)  # its answer: the newest version
 
     def _await_written(self, sequence: int, timeout: float) -> None:
-        last, restarts = self._call(lambda inbox: inbox.written.remote(
+        last, restarts, version = self._call(lambda inbox: inbox.written.remote(
             self.name, self.incarnation, sequence, self._restarts, timeout), timeout)  # fmt: skip
+        self._heard(version)
         self._forget_through(last)
         if restarts != self._restarts:  # the learner went back to a checkpoint
             self._restarts = restarts
