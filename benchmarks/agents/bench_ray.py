@@ -21,8 +21,10 @@ Four tables, each on a local Ray cluster of this machine's cores:
   seed with 1 actor), the agents interleaved seed by seed: steps per second into the
   learner (from the start of training: the actors' start-up and the learner's compiling
   included), updates per second, steps per second from the first update on (the
-  learning phase, after the first `learning_starts` steps), and the greedy return
-  (gymnax CartPole, 64 episodes).
+  learning phase, after the first `learning_starts` steps), the CPU seconds the whole
+  machine ran meanwhile (`/proc/stat`: the learner, the actors, the inbox and Ray's own
+  processes; the evaluation excluded), and the greedy return (gymnax CartPole, 64
+  episodes).
 - `ray_soak`: two actors sending while the learner samples under a rate limiter; one of
   them killed at 20 random moments (Ray restarts it): steps written twice, steps a
   writer was told are written but missing, and the limiter's bounds checked after
@@ -250,25 +252,33 @@ def apex(ray, quick: bool) -> list[dict]:
     rows = []  # the agents interleaved seed by seed (a shared machine drifts)
     runs = [(seed, actors) for seed in range(3) for actors in ((0, 2, 1) if seed == 0 else (0, 2))]
     for seed, actors in runs if not quick else [(0, 0), (0, 2)]:
-        if True:
-            start = time.perf_counter()
-            if actors:
-                params, network, counts = apex_cartpole.train(
-                    seed, actors, config=config, quiet=True
-                )
-            else:
-                params, network, counts = apex_cartpole.train_one_process(seed, config=config)
-            row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
-                   "seed": seed, "steps": counts["steps"], "updates": counts["updates"],
-                   "seconds": counts["seconds"], "wall": time.perf_counter() - start,
-                   "return": evaluate(network, params)}  # fmt: skip
-            row["steps_per_second"] = row["steps"] / row["seconds"]
-            row["updates_per_second"] = row["updates"] / row["seconds"]
-            phase = counts["learning"]
-            row["learning_steps_per_second"] = phase["steps"] / phase["seconds"]
-            rows.append(row)
-            print(row, flush=True)
+        start, busy = time.perf_counter(), machine_cpu_seconds()
+        if actors:
+            params, network, counts = apex_cartpole.train(seed, actors, config=config, quiet=True)
+        else:
+            params, network, counts = apex_cartpole.train_one_process(seed, config=config)
+        row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
+               "seed": seed, "steps": counts["steps"], "updates": counts["updates"],
+               "seconds": counts["seconds"], "wall": time.perf_counter() - start,
+               "machine_cpu": machine_cpu_seconds() - busy}  # fmt: skip
+        row["return"] = evaluate(network, params)
+        row["steps_per_second"] = row["steps"] / row["seconds"]
+        row["updates_per_second"] = row["updates"] / row["seconds"]
+        phase = counts["learning"]
+        row["learning_steps_per_second"] = phase["steps"] / phase["seconds"]
+        rows.append(row)
+        print(row, flush=True)
     return rows
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process of this machine has run (Linux `/proc/stat`: user, nice,
+    system), so that a run's count takes in Ray's processes as well as the learner's."""
+    import os
+
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:4]
+    return sum(int(x) for x in fields) / os.sysconf("SC_CLK_TCK")
 
 
 def evaluate(network, params) -> float:
@@ -347,6 +357,7 @@ COLUMNS = {
                  ("steps/s into the learner", "steps_per_second", "{:,.0f}"),
                  ("updates/s", "updates_per_second", "{:.1f}"),
                  ("steps/s from the first update", "learning_steps_per_second", "{:,.0f}"),
+                 ("machine CPU s (all processes)", "machine_cpu", "{:.1f}"),
                  ("greedy return (64 episodes)", "return", "{:.1f}")],
     "ray_soak": [("kills", "kills", "{}"), ("restarts seen", "restarts", "{}"),
                  ("steps stored", "steps", "{:,}"), ("steps written twice", "twice", "{}"),
