@@ -23,8 +23,23 @@ limiter's samples-per-insert bounds hold at the learner at every moment; a write
 (backpressure) rather than the learner's memory growing. See `docs/ray.md`.
 """
 
-from jaxbuf.remote.ingest import Ingest
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from jaxbuf.remote.ledger import Ledger
 from jaxbuf.remote.writer import Writer
 
+if TYPE_CHECKING:
+    from jaxbuf.remote.ingest import Ingest
+
 __all__ = ["Ingest", "Ledger", "Writer"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Ingest` on first use: an actor's process imports `Writer` without JAX."""
+    if name == "Ingest":
+        from jaxbuf.remote.ingest import Ingest
+
+        return Ingest
+    raise AttributeError(f"module 'jaxbuf.ray' has no attribute {name!r}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import subprocess
+import sys
 import time
 import uuid
 
@@ -136,6 +138,39 @@ def test_writer_arguments_are_checked_before_connecting():
         Writer("nowhere", "a", block_size=4, window=1.5)
     with pytest.raises(ValueError, match="answer_timeout must be a positive number of seconds"):
         Writer("nowhere", "a", block_size=4, answer_timeout=0)
+
+
+def test_the_writer_walks_steps_as_jax_does_without_importing_it():
+    import collections
+
+    from flax import struct
+
+    from jaxbuf.remote import writer
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @struct.dataclass
+    class Record:
+        x: np.ndarray
+
+    steps = [{"b": np.zeros(3), "a": (1, [2.0, np.int32(3)]), "n": None, "p": Pair(np.ones(2), 5)},
+             [np.float32(1), {"z": np.arange(2)}], 3.0, {"r": Record(np.ones(2))},
+             collections.OrderedDict(y=np.ones(1), x=np.zeros(1))]  # fmt: skip
+    for step in steps:
+        leaves, structure = writer._flatten(step)
+        reference, treedef = jax.tree_util.tree_flatten(step)
+        assert [leaf.tolist() for leaf in leaves] == [np.asarray(r).tolist() for r in reference]
+        assert jax.tree_util.tree_structure(writer._unflatten(structure, leaves)) == treedef
+    # plain containers are walked by the writer; a flax record and an OrderedDict by JAX
+    assert [writer._flatten(step)[1].kind for step in steps] == [
+        "dict",
+        "list",
+        "leaf",
+        "jax",
+        "jax",
+    ]
+    code = "import sys, jaxbuf.ray; jaxbuf.ray.Writer; assert 'jax' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
 def test_ingest_arguments_are_checked_before_the_inbox_starts():

@@ -17,7 +17,7 @@ Four tables, each on a local Ray cluster of this machine's cores:
   blocks of 1 KiB to 16 MiB, the driver gets them: microseconds per block and MB/s,
   what predicts a cluster's throughput per step size (see docs/ray.md).
 - `ray_apex`: the Ape-X agent (`jaxbuf.examples.apex_cartpole`, 100k steps) with 1 and 2
-  actor processes against the same agent in one process (`--actors 0`), seeds 0-2 (one
+  actor processes against the same agent in one process (`--actors 0`), seeds 0-5 (one
   seed with 1 actor), the agents interleaved seed by seed: steps per second into the
   learner (from the start of training: the actors' start-up and the learner's compiling
   included), updates per second, steps per second from the first update on (the
@@ -250,7 +250,7 @@ def apex(ray, quick: bool) -> list[dict]:
     if quick:
         config["learning_starts"] = 2_000
     rows = []  # the agents interleaved seed by seed (a shared machine drifts)
-    runs = [(seed, actors) for seed in range(3) for actors in ((0, 2, 1) if seed == 0 else (0, 2))]
+    runs = [(seed, actors) for seed in range(6) for actors in ((0, 2, 1) if seed == 0 else (0, 2))]
     for seed, actors in runs if not quick else [(0, 0), (0, 2)]:
         start, busy = time.perf_counter(), machine_cpu_seconds()
         if actors:

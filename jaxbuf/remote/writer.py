@@ -18,9 +18,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-import jax.tree_util as tree_util
 import numpy as np
 import ray
 import ray.exceptions
@@ -148,7 +147,7 @@ class Writer:
 
     def _send(self) -> None:
         columns = [np.stack(column) for column in zip(*self._steps, strict=True)]
-        block = self._treedef.unflatten(columns)
+        block = _unflatten(self._treedef, columns)
         priorities = np.asarray(self._priorities, np.float32) if self._priorities else None
         steps = len(self._steps)
         self._steps, self._priorities = [], []
@@ -247,10 +246,69 @@ def _inbox_handle(inbox: Any, namespace: str | None, timeout: float) -> Any:
             time.sleep(0.2)
 
 
-def _flatten(step: Any) -> tuple[list[np.ndarray], Any]:
-    """The step's leaves as NumPy arrays, and its structure (a tree walk: no backend starts)."""
-    leaves, treedef = tree_util.tree_flatten(step)
-    return [np.asarray(leaf) for leaf in leaves], treedef
+class _Structure(NamedTuple):
+    """A step's structure: a leaf, None, or a plain dict (`meta`: its sorted keys), list,
+    tuple or named tuple (`meta`: its class) of structures; or JAX's (`meta`: a treedef)
+    for any other container."""
+
+    kind: str
+    meta: Any = None
+    children: tuple = ()
+
+
+class _Foreign(Exception):
+    """A container the writer does not walk itself."""
+
+
+def _flatten(step: Any) -> tuple[list[np.ndarray], _Structure]:
+    """The step's leaves as NumPy arrays (in JAX's order), and its structure. Plain
+    dicts, lists, tuples and named tuples are walked here, without importing JAX (an
+    actor then starts without it); any other container through `jax.tree_util`."""
+    leaves: list[np.ndarray] = []
+    try:
+        return leaves, _walk(step, leaves)
+    except _Foreign:
+        import jax.tree_util as tree_util
+
+        flat, treedef = tree_util.tree_flatten(step)
+        return [np.asarray(leaf) for leaf in flat], _Structure("jax", treedef)
+
+
+def _walk(node: Any, leaves: list[np.ndarray]) -> _Structure:
+    if node is None:
+        return _Structure("none")
+    if type(node) is dict:
+        keys = tuple(sorted(node))
+        return _Structure("dict", keys, tuple(_walk(node[k], leaves) for k in keys))
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return _Structure("named", type(node), tuple(_walk(v, leaves) for v in node))
+    if type(node) in (list, tuple):
+        return _Structure(type(node).__name__, None, tuple(_walk(v, leaves) for v in node))
+    if isinstance(node, (np.ndarray, np.generic, bool, int, float)) or hasattr(node, "__array__"):
+        leaves.append(np.asarray(node))
+        return _Structure("leaf")
+    raise _Foreign
+
+
+def _unflatten(structure: _Structure, columns: list[np.ndarray]) -> Any:
+    """The container `structure` describes, holding `columns` in leaf order."""
+    if structure.kind == "jax":
+        return structure.meta.unflatten(columns)
+    rest = iter(columns)
+
+    def build(node: _Structure) -> Any:
+        if node.kind in ("leaf", "none"):
+            return next(rest) if node.kind == "leaf" else None
+        items = [build(child) for child in node.children]
+        if node.kind == "dict":
+            return dict(zip(node.meta, items, strict=True))
+        return node.meta(*items) if node.kind == "named" else _sequence(node.kind)(items)
+
+    return build(structure)
+
+
+def _sequence(kind: str) -> type:
+    return list if kind == "list" else tuple
 
 
 def _check_positive(name: str, value: Any) -> None:
