@@ -56,11 +56,8 @@ class Writer:
                  namespace: str | None = None) -> None:  # fmt: skip
         _check_positive("block_size", block_size)
         _check_positive("window", window)
-        for argument, value in (("reconnect_timeout", reconnect_timeout),
-                                ("answer_timeout", answer_timeout)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(
-                    f"{argument} must be a positive number of seconds, got {value!r}.")  # fmt: skip
+        _check_seconds("reconnect_timeout", reconnect_timeout)
+        _check_seconds("answer_timeout", answer_timeout)
         self._answer_timeout = float(answer_timeout)
         self.name, self.block_size, self.window = str(name), block_size, window
         self._inbox_name = inbox if isinstance(inbox, str) else None
@@ -181,9 +178,10 @@ class Writer:
             self.written_steps += offer.steps
 
     def _call(self, method: Any, waits: float = 0.0) -> Any:
-        """`ray.get(method(inbox))` within `waits + self._answer_timeout` seconds, connecting again
-        (and sending again what the learner has not written) where the inbox went away or
-        did not answer in time; the call is then made again on the inbox found."""
+        """`ray.get(method(inbox))` within `waits + answer_timeout` seconds (`waits`: the
+        call's own wait at the inbox), connecting again (and sending again what the learner
+        has not written) where the inbox went away or did not answer in time; the call is
+        then made again on the inbox found."""
         deadline = time.monotonic() + self._reconnect_timeout
         while True:
             try:
@@ -314,3 +312,8 @@ def _sequence(kind: str) -> type:
 def _check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
