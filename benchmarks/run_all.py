@@ -141,7 +141,7 @@ RUNS = {
         "agents.cleanrl_dqn",
         ("--total-timesteps", "13000", "--learning-starts", "3000"),
         ("cleanrl_dqn",),
-        "tyro",
+        "tensorboard",
         standard=False,
     ),
     "dqn_atari_jaxbuf": atari("jaxbuf", "100000", "120000"),

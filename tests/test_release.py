@@ -1,8 +1,9 @@
 """A stranger's install: the built wheel, in a fresh virtual environment, runs the quickstart.
 
 `python -m build` makes the sdist and the wheel, `twine check` reads their metadata as PyPI
-would, and the version in `jaxbuf/_version.py`, the newest `CHANGELOG.md` entry, the built file
-names and the documentation all agree.
+would, both carry the Apache-2.0 `LICENSE` that the metadata names, and the version in
+`jaxbuf/_version.py`, the newest `CHANGELOG.md` entry, the built file names and the
+documentation all agree.
 """
 
 import pathlib
@@ -10,7 +11,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import venv
+import zipfile
 
 import jaxbuf
 
@@ -43,8 +46,9 @@ def test_version_changelog_and_docs_agree():
 
 def test_build_and_twine_check(tmp_path):
     """`python -m build` makes the sdist and the wheel (from the sdist), named for the
-    version, and `twine check --strict` passes both. (With the next test, this was one
-    test: build, check, install.)"""
+    version, `twine check --strict` passes both, and both carry `LICENSE` as it is in the
+    checkout (the wheel under `licenses/`, named in its metadata). (With the next test, this
+    was one test: build, check, install.)"""
     dist = tmp_path / "dist"
     run(sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(source(tmp_path)),
         cwd=tmp_path)  # fmt: skip
@@ -54,6 +58,16 @@ def test_build_and_twine_check(tmp_path):
     checked = run(sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir()),
                   cwd=tmp_path)  # fmt: skip
     assert checked.count("PASSED") == 2, checked
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    with zipfile.ZipFile(dist / built[0]) as wheel:
+        carried = wheel.read(f"jaxbuf-{version}.dist-info/licenses/LICENSE").decode()
+        metadata = wheel.read(f"jaxbuf-{version}.dist-info/METADATA").decode()
+    assert carried == license_text
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    with tarfile.open(dist / built[1]) as sdist:
+        member = sdist.extractfile(f"jaxbuf-{version}/LICENSE")
+        assert member is not None and member.read().decode() == license_text
 
 
 def test_a_fresh_install_of_the_wheel_runs_the_quickstart(tmp_path):

@@ -1,2 +1,2 @@
-"""Agents and real clients: whole training loops, and upstream scripts (vendored under
-`cleanrl/upstream`) run as their authors wrote them and as our guides change them."""
+"""Agents and real clients: whole training loops, and peers' released scripts (read out of
+their packages at run time) run as their authors wrote them and as our guides change them."""

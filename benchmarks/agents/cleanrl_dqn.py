@@ -1,15 +1,17 @@
 """CleanRL's own `dqn_atari_jax.py`, as upstream wrote it and as our guide changes it, on real ALE.
 
-The client a CleanRL user runs, not our rewrite of it: `benchmarks/agents/cleanrl/upstream/` holds
-CleanRL's files at commit `COMMIT` (`cleanrl/dqn_atari_jax.py` and the three `cleanrl_utils`
-files it imports, MIT), checked against upstream's git blob ids. Each run copies them into a
-scratch folder and, for `jaxbuf`, applies the diff printed in `docs/coming_from_cleanrl.md` as a
-file, with `git apply` (as a user pastes it); then it runs the script as `python
-cleanrl/dqn_atari_jax.py --...` would, in a child process that adds only measurement:
+The client a CleanRL user runs, not our rewrite of it: CleanRL release 1.2.0's
+`cleanrl/dqn_atari_jax.py` (MIT), read out of its wheel on the package registry at run time and
+checked by hash (`cleanrl_release.py`; the repository holds no CleanRL file). That release's
+script takes its replay buffer (`ReplayBuffer(optimize_memory_usage=True)`) and Atari wrappers
+from Stable-Baselines3. Each run copies the release's files into a scratch folder and, for
+`jaxbuf`, applies the diff printed in `docs/coming_from_cleanrl.md` as a file, with `git apply`
+(as a user pastes it); then it runs the script as `python cleanrl/dqn_atari_jax.py --...`
+would, in a child process that adds only measurement:
 
 - ALE's v0/v4 ids registered first (`BreakoutNoFrameskip-v4` under CleanRL's Gymnasium 0.29
   with ale-py 0.9 or newer: the guide's note);
-- timers around the buffer's calls (CleanRL's `ReplayBuffer.add` and `.sample`; jaxbuf's
+- timers around the buffer's calls (SB3's `ReplayBuffer.add` and `.sample`; jaxbuf's
   `HostLoop.add`, which draws the batch) and their parts (jaxbuf: checking and staging a step,
   waiting for the call that read the other stage, the call and its block's delivery), the
   environment's steps, and the JAX compilations (`jax.monitoring`), each by environment step.
@@ -17,7 +19,7 @@ cleanrl/dqn_atari_jax.py --...` would, in a child process that adds only measure
 Runs alternate `A B B A` per torch thread setting (`OMP_NUM_THREADS=1`, as a user sets it once
 SB3's buffer copy contends with the learner; `default`: torch's own). Results:
 `benchmarks/results/cleanrl_dqn_cpu.{json,md}`. Needs the `cleanrl` extra
-(`pip install -e ".[cleanrl]"`: the `atari` extra on CleanRL's Gymnasium pin, tyro, tensorboard).
+(`pip install -e ".[cleanrl]"`: the `atari` extra on CleanRL's Gymnasium pin, tensorboard).
 
 Run: `python -m benchmarks.agents.cleanrl_dqn --total-timesteps 20000 --learning-starts 5000`.
 """
@@ -36,20 +38,12 @@ import sys
 import tempfile
 import time
 
+from benchmarks.agents import cleanrl_release
+
 HERE = pathlib.Path(__file__).resolve().parent
-UPSTREAM = HERE / "cleanrl" / "upstream"
 GUIDE = HERE.parents[1] / "docs" / "coming_from_cleanrl.md"
 RESULTS = HERE.parent / "results"
-COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"
-SCRIPT = "cleanrl/dqn_atari_jax.py"
-# git blob ids of the vendored files at COMMIT (`git rev-parse COMMIT:<path>`)
-BLOBS = {
-    SCRIPT: "5922db8cf67150547aa01f446cbee5e39b1b7f69",
-    "cleanrl_utils/__init__.py": "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391",
-    "cleanrl_utils/atari_wrappers.py": "238690af0b0f2beb17cd59a1440eff1f81de90cb",
-    "cleanrl_utils/buffers.py": "544faaf478831e528fd90b1ea02005be9befcdea",
-    "LICENSE": "c4e562311a2917da1c770a80860d223965b41770",
-}
+SCRIPT = cleanrl_release.SCRIPT
 WARMUP = 1000  # learning steps left out of "once running" (the first compiles)
 VARIANTS = ("cleanrl", "jaxbuf")
 
@@ -62,22 +56,13 @@ def guide_diff(page: pathlib.Path = GUIDE) -> str:
     return found.group(1)
 
 
-def blob_id(path: pathlib.Path) -> str:
-    """The git blob id of a file (what `git hash-object` prints)."""
-    import hashlib
-
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def checkout(folder: pathlib.Path, variant: str) -> pathlib.Path:
-    """Upstream's files at COMMIT in `folder`, changed by the guide's diff for `jaxbuf`
-    (`git apply`, which refuses a diff that does not apply exactly); returns the script."""
-    for name, blob in BLOBS.items():
-        if blob_id(UPSTREAM / name) != blob:
-            raise ValueError(f"{UPSTREAM / name} is not upstream's {name} at {COMMIT[:8]}")
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(UPSTREAM / name, folder / name)
+def checkout(release: pathlib.Path, folder: pathlib.Path, variant: str) -> pathlib.Path:
+    """The release's files (`cleanrl_release.fetch(release)`) copied into `folder`, the script
+    checked by hash again and changed by the guide's diff for `jaxbuf` (`git apply`, which
+    refuses a diff that does not apply exactly); returns the script."""
+    shutil.copytree(release, folder, ignore=shutil.ignore_patterns("wheel"), dirs_exist_ok=True)
+    if cleanrl_release.sha256((folder / SCRIPT).read_bytes()) != cleanrl_release.SCRIPT_SHA256:
+        raise ValueError(f"{folder / SCRIPT} is not CleanRL {cleanrl_release.RELEASE}'s")
     if variant == "jaxbuf":
         (folder / "guide.diff").write_text(guide_diff())
         subprocess.run(["git", "apply", "--verbose", "guide.diff"], cwd=folder, check=True,
@@ -92,7 +77,7 @@ def script_arguments(args: argparse.Namespace) -> list[str]:
             "--buffer-size", str(args.buffer_size)]  # fmt: skip
 
 
-def run(variant: str, threads: str, args: argparse.Namespace) -> dict:
+def run(variant: str, threads: str, args: argparse.Namespace, release: pathlib.Path) -> dict:
     """One run in a child process (fresh JAX, the thread setting in its environment)."""
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
@@ -100,11 +85,12 @@ def run(variant: str, threads: str, args: argparse.Namespace) -> dict:
         env["OMP_NUM_THREADS"] = threads
     with tempfile.TemporaryDirectory() as scratch:
         folder = pathlib.Path(scratch)
-        script = checkout(folder, variant)
+        script = checkout(release, folder / "run", variant)
         out = folder / "measured.json"
         command = [sys.executable, str(HERE / "cleanrl_probe.py"), str(script), str(out),
                    str(args.learning_starts), "--", *script_arguments(args)]  # fmt: skip
-        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=folder / "run", env=env, capture_output=True,
+                              text=True)  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"{variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
         measured = json.loads(out.read_text())
@@ -143,25 +129,35 @@ def main() -> None:
     parser.add_argument("--order", default="ABBA", help="A: cleanrl, B: jaxbuf")
     parser.add_argument("--out", default="cleanrl_dqn_cpu")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        release = pathlib.Path(scratch)
+        cleanrl_release.fetch(release)
+        rows = measure(args, release)
+    write(rows, args)
+
+
+def measure(args: argparse.Namespace, release: pathlib.Path) -> list[dict]:
+    """Every run, in the order asked (`--order` per `--threads` setting)."""
     rows = []
     for threads in args.threads:
         for letter in args.order:
             variant = VARIANTS["AB".index(letter)]
             started = time.perf_counter()
+            measured = run(variant, threads, args, release)
             row = {"variant": variant, "threads": threads,
-                   **summary(run(variant, threads, args), args.learning_starts)}  # fmt: skip
+                   **summary(measured, args.learning_starts)}  # fmt: skip
             print(f"{variant:8} threads={threads:7} buffer {row['buffer_us']:7.1f} µs/step, "
                   f"{row['sps_learning']:6.1f} steps/s, {time.perf_counter() - started:.0f} s",
                   flush=True)  # fmt: skip
             rows.append(row)
-    write(rows, args)
+    return rows
 
 
 def write(rows: list[dict], args: argparse.Namespace) -> None:
     from benchmarks.reports.cleanrl_report import table
 
     settings = {
-        "commit": COMMIT, "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "release": cleanrl_release.RELEASE, "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "python": platform.python_version(), "size": vars(args), "versions": versions(),
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
@@ -173,7 +169,8 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 def versions() -> dict:
     from importlib import metadata
 
-    names = ("jaxbuf", "jax", "jaxlib", "flax", "optax", "torch", "gymnasium", "ale-py", "tyro")
+    names = ("jaxbuf", "jax", "jaxlib", "flax", "optax", "torch", "gymnasium", "ale-py",
+             "stable-baselines3")  # fmt: skip
     found = {}
     for name in names:
         try:

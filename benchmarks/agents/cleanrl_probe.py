@@ -5,7 +5,8 @@ ARGS...`. It changes nothing the script computes. Before running it (`runpy`, as
 with `sys.argv` = the script and ARGS) it registers ALE's v0/v4 ids where Gymnasium has not
 (the guide's note), and wraps, by environment step (the calls of `SyncVectorEnv.step`):
 
-- `buffer_s`: the time in the buffer's calls: CleanRL's `ReplayBuffer.add` and `.sample`,
+- `buffer_s`: the time in the buffer's calls: SB3's `ReplayBuffer.add` and `.sample` (which
+  CleanRL 1.2.0's script imports),
   or jaxbuf's `HostLoop.add` (its call draws the batch the learner trains on);
 - `parts_s` (jaxbuf): checking a step, copying it into the stage, waiting for the call that
   read the other stage, the call (dispatch), and the block's delivery (NumPy views: waiting
@@ -105,7 +106,7 @@ def instrument(clock: Clock, record: dict, learning_starts: int) -> None:
 
 def time_buffers(clock: Clock, folder: pathlib.Path) -> None:
     sys.path.insert(0, str(folder))  # cleanrl_utils, as from the repository's root
-    from cleanrl_utils.buffers import ReplayBuffer
+    from stable_baselines3.common.buffers import ReplayBuffer
 
     import jaxbuf
     from jaxbuf.loop import calls as _calls

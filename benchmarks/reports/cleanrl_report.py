@@ -15,7 +15,8 @@ def table(rows: list[dict], settings: dict) -> str:
     lines = [
         "# CleanRL's `dqn_atari_jax.py`, upstream and switched by the guide",
         "",
-        f"Upstream commit `{settings['commit'][:8]}`, {size['total_timesteps']:,} steps of real "
+        f"CleanRL release {settings['release']} (its wheel, read at run time), "
+        f"{size['total_timesteps']:,} steps of real "
         f"ALE `BreakoutNoFrameskip-v4`, learning from step {size['learning_starts']:,}, "
         f"`--buffer-size {size['buffer_size']:,}`, seed {size['seed']}, everything else the "
         f"script's defaults; runs in the order {size['order']} per thread setting. Machine: "
@@ -24,8 +25,9 @@ def table(rows: list[dict], settings: dict) -> str:
         + ".",
         "",
         '"buffer µs": time in the buffer\'s calls per environment step while learning, after '
-        "the first 1,000 learning steps (CleanRL: `rb.add` and `rb.sample`; jaxbuf: `rb.add`, "
-        'whose call draws the batch); "with compiles" counts from the first learning step.',
+        "the first 1,000 learning steps (CleanRL: `rb.add` and `rb.sample` of SB3's buffer; "
+        'jaxbuf: `rb.add`, whose call draws the batch); "with compiles" counts from the first '
+        "learning step.",
         "",
         "| torch threads | buffer | runs | buffer µs / step, median (best) | / CleanRL's | "
         "with compiles | steps/s learning, median (best) | / CleanRL's | longest buffer call | "
