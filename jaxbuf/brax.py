@@ -68,6 +68,8 @@ from jaxbuf.core.records import PyTree
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import precision as _precision
 
+__all__ = ["BraxReplay", "BraxReplayState", "BufferReport", "use_in_brax"]
+
 NEXT = "next_observation"
 
 

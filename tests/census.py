@@ -250,7 +250,7 @@ def _transition(obs: Any) -> jaxbuf.Transition:
                              next_obs=obs)  # fmt: skip
 
 
-def _goals() -> jaxbuf.Hindsight:
+def _goals() -> jaxbuf.types.Hindsight:
     return jaxbuf.hindsight(lambda achieved, desired: -jnp.abs(achieved - desired).sum(),
                             achieved="achieved", desired="desired")  # fmt: skip
 

@@ -30,3 +30,23 @@ def assert_same(a: Any, b: Any, what: str = "") -> None:
             x, y = jax.random.key_data(x), jax.random.key_data(y)
         message = f"{what} {jax.tree_util.keystr(path)}".strip()
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=message)
+
+
+PUBLIC_NAMESPACES = ("jaxbuf", "jaxbuf.types", "jaxbuf.io", "jaxbuf.rl", "jaxbuf.envs",
+                     "jaxbuf.ray", "jaxbuf.brax")  # fmt: skip
+
+
+def public_names() -> list[str]:
+    """Every public name, dotted (`jaxbuf.io.from_data`), from each namespace's `__all__`."""
+    import importlib
+
+    return [f"{namespace}.{name}" for namespace in PUBLIC_NAMESPACES
+            for name in importlib.import_module(namespace).__all__]  # fmt: skip
+
+
+def resolve(dotted: str) -> Any:
+    """The object a dotted public name (`jaxbuf.io.from_data`) names."""
+    import importlib
+
+    namespace, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(namespace), name)

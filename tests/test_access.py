@@ -64,15 +64,15 @@ def test_take_of_a_vectorized_sample_returns_its_experience(variant):
 def test_take_all_is_every_valid_item_in_storage_order():
     buffer = jaxbuf.make_replay_buffer(5, 2)
     state = buffer.add(buffer.add(buffer.init(EXAMPLE), items([0, 1, 2])), items([3, 4, 5, 6]))
-    assert jaxbuf.take_all(state)["id"].tolist() == [5, 6, 2, 3, 4]
-    halves = jaxbuf.take_all(buffer.add(buffer.init(EXAMPLE), items([7, 8, 9, 10])), 2)
+    assert jaxbuf.io.take_all(state)["id"].tolist() == [5, 6, 2, 3, 4]
+    halves = jaxbuf.io.take_all(buffer.add(buffer.init(EXAMPLE), items([7, 8, 9, 10])), 2)
     assert halves["id"].tolist() == [[7, 8], [9, 10]] and halves["obs"].shape == (2, 2, 2)
     single = [buffer.add(buffer.init(EXAMPLE), items(ids)) for ids in ([1, 2, 3], [4])]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *single)
-    assert jaxbuf.take_all(stacked)["id"].tolist() == [1, 2, 3, 4]
+    assert jaxbuf.io.take_all(stacked)["id"].tolist() == [1, 2, 3, 4]
     trajectories = jaxbuf.make_trajectory_buffer(2, 4, 1, 1)
     tstate = trajectories.add(trajectories.init(EXAMPLE), items([[0, 1, 2], [10, 11, 12]]))
-    assert jaxbuf.take_all(tstate, 3)["id"].tolist() == [[0, 1], [2, 10], [11, 12]]
+    assert jaxbuf.io.take_all(tstate, 3)["id"].tolist() == [[0, 1], [2, 10], [11, 12]]
 
 
 def test_access_errors_are_named():
@@ -83,9 +83,9 @@ def test_access_errors_are_named():
     with pytest.raises(
         ValueError, match=re.escape("the 3 stored items do not split into num_minibatches=2")
     ):
-        jaxbuf.take_all(state, 2)
+        jaxbuf.io.take_all(state, 2)
     with pytest.raises(TypeError, match="take_all takes a jaxbuf buffer state, got dict"):
-        jaxbuf.take_all({"a": 1})
+        jaxbuf.io.take_all({"a": 1})
 
 
 def test_stored_items_of_trajectory_episode_and_transition_states():
@@ -95,7 +95,7 @@ def test_stored_items_of_trajectory_episode_and_transition_states():
     state = episodes.init(EXAMPLE)
     for chunk in (ids[:, :5], ids[:, 5:]):
         state = episodes.add(state, items(chunk))  # the second add wraps around
-    columns = jaxbuf.stored_items(state)
+    columns = jaxbuf.io.stored_items(state)
     assert columns["env"].tolist() == [0] * 6 + [1] * 6
     assert columns["time"].tolist() == list(range(6)) * 2
     assert columns["id"].tolist() == [*range(2, 8), *range(10, 16)]  # oldest first
@@ -104,7 +104,7 @@ def test_stored_items_of_trajectory_episode_and_transition_states():
     tstate = trajectories.init(EXAMPLE)
     for chunk in (ids[:, :5], ids[:, 5:]):
         tstate = trajectories.add(tstate, items(chunk))
-    chex.assert_trees_all_equal(jaxbuf.stored_items(tstate), columns)
+    chex.assert_trees_all_equal(jaxbuf.io.stored_items(tstate), columns)
     transitions = jaxbuf.make_transition_buffer(2, 6, 5)
     step = jaxbuf.Transition(
         obs=items(ids[:, :5]), action=jnp.zeros((2, 5), jnp.int32),
@@ -112,5 +112,5 @@ def test_stored_items_of_trajectory_episode_and_transition_states():
         truncated=jnp.zeros((2, 5), bool), next_obs=items(ids[:, 1:6]),
     )  # fmt: skip
     xstate = transitions.add(transitions.init(jax.tree.map(lambda x: x[0, 0], step)), step)
-    assert jaxbuf.stored_items(xstate)["obs/id"].tolist() == [*range(5), *range(8, 13)]
-    assert jaxbuf.take_all(xstate)["obs"]["id"].tolist() == [*range(5), *range(8, 13)]
+    assert jaxbuf.io.stored_items(xstate)["obs/id"].tolist() == [*range(5), *range(8, 13)]
+    assert jaxbuf.io.take_all(xstate)["obs"]["id"].tolist() == [*range(5), *range(8, 13)]

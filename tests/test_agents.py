@@ -42,7 +42,7 @@ def test_offline_agent_records_a_dataset_and_trains_on_every_transition(tmp_path
     with jax.numpy_dtype_promotion("standard"):
         score = offline_cql.main(0, True, str(tmp_path), config=config)
     assert np.isfinite(score)
-    assert len(jaxbuf.read_dataset(tmp_path / "dqn")["reward"]) == 20_000
+    assert len(jaxbuf.io.read_dataset(tmp_path / "dqn")["reward"]) == 20_000
 
 
 def test_the_torch_dqn_learns_from_host_loop_blocks_like_from_the_numpy_buffer():

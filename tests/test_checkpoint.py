@@ -103,7 +103,7 @@ OBS_PATH = ".experience['obs']"  # one name for the storage in every kind
 @struct.dataclass
 class TrainState:
     params: dict
-    buffer: jaxbuf.RingState
+    buffer: jaxbuf.types.RingState
     step: jax.Array
 
 
@@ -135,7 +135,7 @@ def test_save_restore_is_exact_and_records_metadata(tmp_path, index):
     restored = jaxbuf.restore(folder, template)
     chex.assert_trees_all_equal(restored, state)
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
-    metadata = jaxbuf.load_metadata(folder)
+    metadata = jaxbuf.io.load_metadata(folder)
     assert (
         metadata["kind"] == buffer.config.kind and metadata["jaxbuf_version"] == jaxbuf.__version__
     )
@@ -265,7 +265,7 @@ def test_restoring_into_another_configuration_names_the_mismatch(tmp_path):
 def test_damaged_checkpoints_raise_clear_errors(tmp_path):
     buffer, state, template = states()[0]
     folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
-    data_file = folder / jaxbuf.load_metadata(folder)["data_file"]
+    data_file = folder / jaxbuf.io.load_metadata(folder)["data_file"]
     original = data_file.read_bytes()
     data_file.write_bytes(original[:-10])
     with pytest.raises(ValueError, match="is corrupted or truncated: it ends inside a leaf"):

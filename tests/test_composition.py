@@ -99,12 +99,12 @@ def case(request):
 
 def test_stored_items_take_all_and_export_match_the_history(case, tmp_path):
     kind, _, state, history = case
-    stored = jaxbuf.stored_items(state)
+    stored = jaxbuf.io.stored_items(state)
     obs = stored["obs"]
     np.testing.assert_array_equal(obs[:, 0], expected_stored(kind, history))
-    everything = jaxbuf.take_all(state)
+    everything = jaxbuf.io.take_all(state)
     np.testing.assert_array_equal(everything["obs"][:, 0], obs[:, 0])
-    with np.load(jaxbuf.export(tmp_path / "items.npz", state)) as data:
+    with np.load(jaxbuf.io.export(tmp_path / "items.npz", state)) as data:
         chex.assert_trees_all_equal({k: data[k] for k in data.files}, stored)
 
 
@@ -154,8 +154,8 @@ def test_vectorize_equals_independent_buffers(case):
     batch = jax.jit(vectorized.sample)(state, jax.random.key(5))
     assert bool(batch.valid.all()) and set(np.asarray(batch.source).tolist()) <= {0, 1}
     chex.assert_trees_all_equal(jax.jit(vectorized.take)(state, batch.indices), batch.experience)
-    stored = jaxbuf.stored_items(state)
-    assert len(stored["buffer"]) == sum(len(jaxbuf.stored_items(s)["obs"]) for s in singles)
+    stored = jaxbuf.io.stored_items(state)
+    assert len(stored["buffer"]) == sum(len(jaxbuf.io.stored_items(s)["obs"]) for s in singles)
 
 
 def test_mix_of_two_buffers_keeps_each_items_source(case):
@@ -176,7 +176,7 @@ def test_checkpoints_serialization_and_orbax_restore_exactly(case, tmp_path):
     template = buffer.init(example(kind))
     restored = jaxbuf.restore(jaxbuf.save(tmp_path / "ckpt", state, buffer), template)
     chex.assert_trees_all_equal(restored, state)
-    assert jaxbuf.load_metadata(tmp_path / "ckpt")["config"]["sampler"]["kind"] in SAMPLERS
+    assert jaxbuf.io.load_metadata(tmp_path / "ckpt")["config"]["sampler"]["kind"] in SAMPLERS
     chex.assert_trees_all_equal(
         serialization.from_bytes(template, serialization.to_bytes(state)), state
     )
@@ -188,7 +188,7 @@ def test_checkpoints_serialization_and_orbax_restore_exactly(case, tmp_path):
 
 def test_buffer_from_config_rebuilds_the_same_buffer(case):
     _, buffer, state, _ = case
-    rebuilt = jaxbuf.buffer_from_config(buffer.config.to_dict())
+    rebuilt = jaxbuf.io.buffer_from_config(buffer.config.to_dict())
     assert rebuilt.config == buffer.config
     key = jax.random.key(8)
     chex.assert_trees_all_equal(jax.jit(rebuilt.sample)(state, key),
@@ -213,10 +213,10 @@ def test_shard_over_a_one_device_mesh_equals_the_buffer(case):
 
 def test_a_dataset_of_the_stored_items_holds_them_oldest_first(case, tmp_path):
     kind, _, state, history = case
-    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer = jaxbuf.io.DatasetWriter(tmp_path / "data", state, include_stored=True)
     writer.append(state)
     writer.flush()
-    data = jaxbuf.read_dataset(tmp_path / "data")
+    data = jaxbuf.io.read_dataset(tmp_path / "data")
     if kind == "replay":
         expected = history[-min(len(history), CAPACITY) :]  # oldest first
         np.testing.assert_array_equal(data["obs"][:, 0], expected)

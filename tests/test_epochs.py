@@ -128,7 +128,7 @@ def test_a_partial_last_batch_is_flagged_and_an_empty_buffer_gives_nothing():
 def test_epochs_work_vectorized_from_config_and_through_checkpoints(tmp_path):
     config = {"kind": "replay", "capacity": 8, "sample_batch_size": 3,
               "sampler": {"kind": "epochs"}, "num_buffers": 2}  # fmt: skip
-    buffer = jaxbuf.buffer_from_config(config)
+    buffer = jaxbuf.io.buffer_from_config(config)
     state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(10, dtype=jnp.int32).reshape(2, 5))
     state, first = jax.jit(buffer.next_batch)(state, jax.random.key(0))
     restored = jaxbuf.restore(jaxbuf.save(tmp_path / "c", state, buffer), state, buffer)

@@ -50,7 +50,7 @@ import jaxbuf
 folder, ready = sys.argv[1], sys.argv[2]
 buffer = jaxbuf.make_replay_buffer(4096, 4)
 state = buffer.init({"id": jnp.int32(0), "obs": jnp.zeros(256)})
-writer = jaxbuf.DatasetWriter(folder, state, chunk_items=1000)
+writer = jaxbuf.io.DatasetWriter(folder, state, chunk_items=1000)
 add = jax.jit(buffer.add, donate_argnums=0)
 for start in range(0, 10**9, 3000):
     ids = jnp.arange(start, start + 3000, dtype=jnp.int32)
@@ -99,7 +99,7 @@ def test_a_flush_killed_at_any_moment_never_shows_a_partial_tail(tmp_path):
     folder = tmp_path / "data"
     for trial in range(KILLS):
         kill_midway(APPENDER, folder / str(trial), tmp_path, rng)
-        data = jaxbuf.read_dataset(folder / str(trial))
+        data = jaxbuf.io.read_dataset(folder / str(trial))
         ids = data["id"]
         assert len(ids) >= 3000 and len(ids) % 3000 == 0
         np.testing.assert_array_equal(ids, np.arange(len(ids)))
@@ -170,7 +170,7 @@ def restores_exactly_or_raises(folder, state, buffer):
 def test_corrupting_any_byte_of_any_file_raises_or_changes_nothing(tmp_path):
     buffer, state, folder = small_checkpoint(tmp_path)
     outcomes = {"raised": 0, "exact": 0}
-    for file in [folder / "metadata.json", folder / jaxbuf.load_metadata(folder)["data_file"]]:
+    for file in [folder / "metadata.json", folder / jaxbuf.io.load_metadata(folder)["data_file"]]:
         original = file.read_bytes()
         for offset in range(len(original)):
             for flip in (0x01, 0x10):  # two single-bit flips per byte
@@ -186,7 +186,7 @@ def test_corrupting_any_byte_of_any_file_raises_or_changes_nothing(tmp_path):
 
 def test_truncating_any_file_at_any_length_raises(tmp_path):
     buffer, state, folder = small_checkpoint(tmp_path)
-    for file in [folder / "metadata.json", folder / jaxbuf.load_metadata(folder)["data_file"]]:
+    for file in [folder / "metadata.json", folder / jaxbuf.io.load_metadata(folder)["data_file"]]:
         original = file.read_bytes()
         for length in range(len(original)):
             file.write_bytes(original[:length])

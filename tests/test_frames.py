@@ -116,4 +116,4 @@ def test_frames_are_stored_once_and_bad_options_are_named():
     with pytest.raises(TypeError, match="frames must be a dict"):
         jaxbuf.make_trajectory_buffer(2, 32, 4, 2, frames=4)
     config = dict(stacked.config) | {"kind": "trajectory"}
-    assert jaxbuf.buffer_from_config(config).config.frames == {"obs": 4}
+    assert jaxbuf.io.buffer_from_config(config).config.frames == {"obs": 4}

@@ -220,7 +220,7 @@ def test_relabeling_works_vectorized_sharded_from_config_and_through_checkpoints
     single = jaxbuf.make_transition_buffer(NUM_ENVS, CAPACITY, 32, goals=goals)
     envs = GoalEnvironments(np.random.default_rng(0), 0.3)
     _, steps = envs.steps(9)
-    rebuilt = jaxbuf.buffer_from_config(dict(single.config))
+    rebuilt = jaxbuf.io.buffer_from_config(dict(single.config))
     assert rebuilt.config == single.config
     vectorized = jaxbuf.vectorize(rebuilt, 2)
     shifted = steps.replace(obs=jax.tree.map(lambda x: x + 1000, steps.obs),
@@ -267,7 +267,7 @@ def test_relabeling_works_vectorized_sharded_from_config_and_through_checkpoints
         (lambda: jaxbuf.make_episode_buffer(1, 8, 2, 4, done_fn=lambda s: s["done"],
             frames={"achieved": 2}, goals=jaxbuf.hindsight(reward_fn, achieved="achieved")),
          ValueError, re.escape("frames stack ['achieved']")),
-        (lambda: jaxbuf.buffer_from_config({"kind": "transition", "num_envs": 1, "capacity": 8,
+        (lambda: jaxbuf.io.buffer_from_config({"kind": "transition", "num_envs": 1, "capacity": 8,
             "sample_batch_size": 2, "goals": {"ratio": 0.5}}), ValueError,
          re.escape("lacks the required key(s) ['reward_fn']")),
     ],

@@ -96,7 +96,7 @@ def test_a_block_writes_and_draws_what_k_single_calls_do(name):
     key = jax.random.key(1)
     after, block = jax.jit(blocks.draw)(state, key)
     block = jax.device_get(block)  # rows read in NumPy, not by an eager gather each
-    if isinstance(buffer, jaxbuf.Queue):
+    if isinstance(buffer, jaxbuf.types.Queue):
         draw = jax.jit(lambda s, _: buffer.pop(s))
     elif buffer.next_batch is not None:
         draw = jax.jit(buffer.next_batch)

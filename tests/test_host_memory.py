@@ -257,7 +257,8 @@ def test_blocks_host_loop_checkpoints_take_epochs_and_export_with_host_leaves(tm
         epoch_state = epochs.add(epochs.init(EXAMPLE), random_items(rng, 20))
         found[name] = (blocks, buffer.take(state, jnp.arange(5)),
                        epochs.next_batch(epoch_state, jax.random.key(1))[1],
-                       dict(np.load(jaxbuf.export(tmp_path / f"{name}.npz", state))))  # fmt: skip
+                       dict(np.load(jaxbuf.io.export(tmp_path / f"{name}.npz",
+                                                     state))))  # fmt: skip
         if host:
             folder = jaxbuf.save(tmp_path / "ckpt", state, buffer)
             for template in (buffer.init(EXAMPLE), jax.eval_shape(buffer.init, EXAMPLE)):
@@ -281,15 +282,15 @@ def test_goal_relabeling_with_host_observations_is_refused():
 
 def test_datasets_from_data_and_configs_keep_host_placement(tmp_path):
     data = random_items(np.random.default_rng(6), 20)
-    buffer, state = jaxbuf.from_data(data, 32, sample_batch_size=4, host_memory=("obs",))
+    buffer, state = jaxbuf.io.from_data(data, 32, sample_batch_size=4, host_memory=("obs",))
     assert memory_kind(state.experience["obs"]) == "pinned_host"
-    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer = jaxbuf.io.DatasetWriter(tmp_path / "data", state, include_stored=True)
     writer.append(state)
     writer.flush()
-    again = jaxbuf.dataset_to_state(writer.path, buffer)
+    again = jaxbuf.io.dataset_to_state(writer.path, buffer)
     assert_same(again, state)
     assert memory_kind(again.experience["obs"]) == "pinned_host"
-    rebuilt = jaxbuf.buffer_from_config(dict(buffer.config))
+    rebuilt = jaxbuf.io.buffer_from_config(dict(buffer.config))
     assert memory_kind(rebuilt.init(EXAMPLE).experience["obs"]) == "pinned_host"
 
 

@@ -137,7 +137,7 @@ def test_adding_no_steps_is_a_clear_error(kind):
 def test_configuration_files_that_do_not_parse_raise_value_error(tmp_path, name, text):
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name} is not valid")):
-        jaxbuf.buffer_from_config(tmp_path / name)
+        jaxbuf.io.buffer_from_config(tmp_path / name)
 
 
 def test_coefficients_are_checked_alike_for_python_and_numpy_numbers():
@@ -161,23 +161,23 @@ def test_export_and_dataset_columns_never_collide_and_every_dtype_round_trips(tm
                "bf": jnp.bfloat16(0), "p%2F": jnp.float32(0)}  # fmt: skip
     state = buffer.init(example)
     assert (tmp_path / "empty.csv").exists() is False
-    header = jaxbuf.export(tmp_path / "empty.csv", state).read_text().strip().split(",")
+    header = jaxbuf.io.export(tmp_path / "empty.csv", state).read_text().strip().split(",")
     assert header == ["a/b", "a%2Fb", "bf", "p%252F", "%74ime"]
     items = {"time": jnp.arange(3.0), "a": {"b": jnp.arange(3, dtype=jnp.int32)},
              "a/b": -jnp.arange(3, dtype=jnp.int32), "bf": jnp.full(3, 1.5, jnp.bfloat16),
              "p%2F": jnp.ones(3)}  # fmt: skip
     state = buffer.add(state, items)
-    columns = jaxbuf.read_export(jaxbuf.export(tmp_path / "items.npz", state))
+    columns = jaxbuf.io.read_export(jaxbuf.io.export(tmp_path / "items.npz", state))
     assert columns["bf"].dtype == jnp.bfloat16 and columns["bf"].tolist() == [1.5] * 3
     assert columns["a/b"].tolist() == [0, 1, 2] and columns["a%2Fb"].tolist() == [0, -1, -2]
     assert columns["%74ime"].tolist() == [0, 1, 2] and columns["p%252F"].tolist() == [1] * 3
-    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer = jaxbuf.io.DatasetWriter(tmp_path / "data", state, include_stored=True)
     writer.append(state)
     writer.flush()
-    data = jaxbuf.read_dataset(tmp_path / "data")
+    data = jaxbuf.io.read_dataset(tmp_path / "data")
     assert data["a"]["b"].tolist() == [0, 1, 2] and data["a/b"].tolist() == [0, -1, -2]
     assert data["p%2F"].tolist() == [1] * 3 and data["bf"].dtype == jnp.bfloat16
-    restored = jaxbuf.dataset_to_state(tmp_path / "data", buffer)
+    restored = jaxbuf.io.dataset_to_state(tmp_path / "data", buffer)
     assert jax.tree.structure(restored.experience) == jax.tree.structure(state.experience)
     np.testing.assert_array_equal(restored.experience["time"], state.experience["time"])
 
@@ -188,7 +188,7 @@ def test_rollout_columns_keep_a_leaf_named_like_a_computed_column():
     step |= {"terminated": jnp.zeros(1, bool), "truncated": jnp.zeros(1, bool)}
     state = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], step)), step)
     state = buffer.finish(state, jnp.zeros(1))
-    columns = jaxbuf.stored_items(state)
+    columns = jaxbuf.io.stored_items(state)
     assert columns["%61dvantage"].tolist() == [1.0]
     assert columns["advantage"].tolist() == np.asarray(state.advantages[:1, 0]).tolist()
 
@@ -209,7 +209,7 @@ jax.tree_util.register_pytree_with_keys(
 
 def test_two_leaves_that_would_share_a_column_raise():
     with pytest.raises(ValueError, match="both become the column '1'"):
-        jaxbuf.stored_items(jaxbuf.core.storage.RingState(
+        jaxbuf.io.stored_items(jaxbuf.core.storage.RingState(
             experience=_Twice(jnp.zeros(2), jnp.zeros(2)), position=jnp.int32(0),
             size=jnp.int32(2), added=jnp.uint32(2)))  # fmt: skip
 
@@ -227,7 +227,7 @@ def test_two_leaves_that_would_share_a_column_raise():
 )  # fmt: skip
 def test_odd_configuration_keys_and_kinds_are_named(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        jaxbuf.buffer_from_config(config)
+        jaxbuf.io.buffer_from_config(config)
 
 
 def test_label_named_keys_are_escaped_at_every_depth(tmp_path):
@@ -238,15 +238,15 @@ def test_label_named_keys_are_escaped_at_every_depth(tmp_path):
     steps = {"time": {"x": jnp.arange(6, dtype=jnp.int32).reshape(2, 3) + 10},
              "env": -jnp.ones((2, 3))}  # fmt: skip
     state = buffer.add(buffer.init(example), steps)
-    columns = jaxbuf.read_export(jaxbuf.export(tmp_path / "steps.npz", state))
+    columns = jaxbuf.io.read_export(jaxbuf.io.export(tmp_path / "steps.npz", state))
     assert sorted(columns) == ["%65nv", "%74ime/x", "env", "time"]
     assert columns["time"].tolist() == [0, 1, 2] * 2
     assert columns["env"].tolist() == [0] * 3 + [1] * 3
     assert columns["%74ime/x"].tolist() == [10, 11, 12, 13, 14, 15]
-    writer = jaxbuf.DatasetWriter(tmp_path / "data", state, include_stored=True)
+    writer = jaxbuf.io.DatasetWriter(tmp_path / "data", state, include_stored=True)
     writer.append(state)
     writer.flush()
-    data = jaxbuf.read_dataset(tmp_path / "data")  # user keys named like labels stay escaped
+    data = jaxbuf.io.read_dataset(tmp_path / "data")  # user keys named like labels stay escaped
     assert sorted(data) == ["%65nv", "%74ime", "env", "time"]
     assert sorted(data["%74ime"]["x"].tolist()) == list(range(10, 16))
     assert sorted(data["time"].tolist()) == [0, 0, 1, 1, 2, 2]

@@ -29,9 +29,9 @@ def items(ids):
 def test_stored_items_of_a_wrapped_replay_buffer_are_the_valid_rows_in_storage_order():
     buffer = jaxbuf.make_replay_buffer(5, 2)
     state = buffer.add(buffer.add(buffer.init(EXAMPLE), items([0, 1, 2])), items([3, 4, 5, 6]))
-    columns = jaxbuf.stored_items(state)
+    columns = jaxbuf.io.stored_items(state)
     assert columns["action"].tolist() == [5, 6, 2, 3, 4]  # rows 0..4 as stored
-    partial = jaxbuf.stored_items(buffer.add(buffer.init(EXAMPLE), items([7, 8])))
+    partial = jaxbuf.io.stored_items(buffer.add(buffer.init(EXAMPLE), items([7, 8])))
     assert partial["action"].tolist() == [7, 8] and partial["obs"].shape == (2, 2)
 
 
@@ -39,7 +39,7 @@ def test_stored_items_of_vectorized_and_rollout_states():
     replay = jaxbuf.make_replay_buffer(4, 2)
     single = [replay.add(replay.init(EXAMPLE), items(ids)) for ids in ([1, 2, 3], [4])]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *single)
-    columns = jaxbuf.stored_items(stacked)
+    columns = jaxbuf.io.stored_items(stacked)
     assert columns["buffer"].tolist() == [0, 0, 0, 1] and columns["row"].tolist() == [0, 1, 2, 0]
     assert columns["action"].tolist() == [1, 2, 3, 4]
     rollout = jaxbuf.make_rollout_buffer(4, 2, discount=0.9, gae_lambda=0.9)
@@ -51,12 +51,12 @@ def test_stored_items_of_vectorized_and_rollout_states():
             state, jax.tree.map(lambda x, t=t: jnp.full((2, *x.shape), t, x.dtype), step)
         )
     state = rollout.finish(state, jnp.zeros(2))
-    columns = jaxbuf.stored_items(state)
+    columns = jaxbuf.io.stored_items(state)
     assert columns["time"].tolist() == [0, 0, 1, 1, 2, 2] and columns["env"].tolist() == [0, 1] * 3
     assert columns["obs"].shape == (6, 3) and columns["reward"].tolist() == [0, 0, 1, 1, 2, 2]
     np.testing.assert_array_equal(columns["advantage"], np.asarray(state.advantages[:3]).ravel())
     with pytest.raises(TypeError, match="stored_items takes a jaxbuf buffer state, got dict"):
-        jaxbuf.stored_items({"a": 1})
+        jaxbuf.io.stored_items({"a": 1})
 
 
 @pytest.fixture
@@ -66,40 +66,40 @@ def state():
 
 
 def test_npz_export_holds_the_stored_items(tmp_path, state):
-    path = jaxbuf.export(tmp_path / "items.npz", state)
+    path = jaxbuf.io.export(tmp_path / "items.npz", state)
     with np.load(path) as data:
         loaded = {k: data[k] for k in data.files}
-    chex.assert_trees_all_equal(loaded, jaxbuf.stored_items(state))
+    chex.assert_trees_all_equal(loaded, jaxbuf.io.stored_items(state))
 
 
 def test_csv_export_has_one_row_per_item(tmp_path, state):
-    path = jaxbuf.export(tmp_path / "items.csv", state)
+    path = jaxbuf.io.export(tmp_path / "items.csv", state)
     with open(path) as file:
         rows = list(csv.reader(file))
     assert rows[0] == ["action", "done", "obs[0]", "obs[1]"]
-    expected = jaxbuf.stored_items(state)
+    expected = jaxbuf.io.stored_items(state)
     assert [int(r[0]) for r in rows[1:]] == expected["action"].tolist() == [6, 1, 2, 3, 4, 5]
     assert [int(r[1]) for r in rows[1:]] == expected["done"].astype(int).tolist()
     assert [float(r[3]) for r in rows[1:]] == expected["obs"][:, 1].tolist()
 
 
 def test_torch_export_loads_without_pickled_code(tmp_path, state):
-    path = jaxbuf.export(tmp_path / "items.pt", state)
+    path = jaxbuf.io.export(tmp_path / "items.pt", state)
     loaded = torch.load(path, weights_only=True)
-    expected = jaxbuf.stored_items(state)
+    expected = jaxbuf.io.stored_items(state)
     assert set(loaded) == set(expected)
     for name, column in expected.items():
         np.testing.assert_array_equal(loaded[name].numpy(), column)
     with pytest.raises(
         ValueError, match=re.escape("export writes .npz, .csv or .pt files, got 'items.h5'")
     ):
-        jaxbuf.export(tmp_path / "items.h5", state)
+        jaxbuf.io.export(tmp_path / "items.h5", state)
 
 
 def test_to_torch_shares_memory_with_the_sampled_batch(state):
     buffer = jaxbuf.make_replay_buffer(6, 4)
     batch = jax.jit(buffer.sample)(state, jax.random.key(0))
-    tensors = jaxbuf.to_torch(batch.experience)
+    tensors = jaxbuf.io.to_torch(batch.experience)
     assert set(tensors) == set(batch.experience)
     for name, tensor in tensors.items():
         array = batch.experience[name]
@@ -115,7 +115,7 @@ def test_torch_is_optional(monkeypatch, state):
     with pytest.raises(
         ImportError, match=re.escape("this needs PyTorch; install it with `pip install torch`")
     ):
-        jaxbuf.to_torch({"x": jnp.zeros(2)})
+        jaxbuf.io.to_torch({"x": jnp.zeros(2)})
 
 
 KIND_NAMES = "['episode', 'queue', 'replay', 'rollout', 'trajectory', 'transition']"
@@ -170,19 +170,19 @@ def test_buffers_build_from_dicts_and_files(tmp_path, name):
     import yaml
 
     config = CONFIGS[name]
-    expected = jaxbuf.buffer_from_config(config)
+    expected = jaxbuf.io.buffer_from_config(config)
     built_config = expected.config.to_dict()
     for key, value in config.items():  # every given value, and the sampler's
         if isinstance(value, dict):
             assert built_config[key].items() >= value.items()
         else:
             assert built_config[key] == value
-    assert jaxbuf.buffer_from_config(expected.config).config == expected.config
+    assert jaxbuf.io.buffer_from_config(expected.config).config == expected.config
     (tmp_path / "c.json").write_text(json.dumps(config))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "c.toml").write_text("\n".join(f"{k} = {toml(v)}" for k, v in config.items()))
     for suffix in ("json", "yaml", "toml"):
-        built = jaxbuf.buffer_from_config(tmp_path / f"c.{suffix}")
+        built = jaxbuf.io.buffer_from_config(tmp_path / f"c.{suffix}")
         assert type(built) is type(expected) and built.config == expected.config
 
 
@@ -232,24 +232,24 @@ def toml(value):
 )
 def test_bad_configurations_name_the_key(config, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        jaxbuf.buffer_from_config(config)
+        jaxbuf.io.buffer_from_config(config)
 
 
 def test_bad_configuration_files_are_named(tmp_path):
     (tmp_path / "c.ini").write_text("[buffer]")
     with pytest.raises(ValueError, match=re.escape("is .json, .toml, .yaml or .yml, got 'c.ini'")):
-        jaxbuf.buffer_from_config(tmp_path / "c.ini")
+        jaxbuf.io.buffer_from_config(tmp_path / "c.ini")
     (tmp_path / "c.yaml").write_text("!!python/object/apply:os.system ['echo unsafe']")
     # safe_load refuses to build Python objects; the error is a ValueError naming the file.
     with pytest.raises(ValueError, match=r"c\.yaml is not valid YAML: could not determine"):
-        jaxbuf.buffer_from_config(tmp_path / "c.yaml")
+        jaxbuf.io.buffer_from_config(tmp_path / "c.yaml")
 
 
 def test_csv_export_spreads_a_multi_dimensional_leaf_over_indexed_columns(tmp_path):
     buffer = jaxbuf.make_replay_buffer(4, 2)
     m = np.arange(3 * 2 * 3, dtype=np.float32).reshape(3, 2, 3)
     state = buffer.add(buffer.init({"m": jnp.zeros((2, 3))}), {"m": jnp.asarray(m)})
-    with open(jaxbuf.export(tmp_path / "items.csv", state)) as file:
+    with open(jaxbuf.io.export(tmp_path / "items.csv", state)) as file:
         rows = list(csv.reader(file))
     header = [f"m[{i},{j}]" for i in range(2) for j in range(3)]
     assert rows[0] == header

@@ -97,7 +97,7 @@ def test_narrow_trajectory_and_episode_buffers_sample_what_float32_ones_fed_roun
             chex.assert_trees_all_equal(narrow.sample(state, key), plain.sample(reference, key))
     assert state.experience["x"].dtype == jnp.bfloat16
     assert dict(narrow.config)["storage_dtypes"] == {"x": "bfloat16"}
-    rebuilt = jaxbuf.buffer_from_config({**dict(narrow.config), "done_fn": done_seen_as_float32})
+    rebuilt = jaxbuf.io.buffer_from_config({**dict(narrow.config), "done_fn": done_seen_as_float32})
     assert rebuilt.init(example).experience["x"].dtype == jnp.bfloat16
 
 

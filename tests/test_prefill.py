@@ -13,7 +13,7 @@ ENVS, STEPS = 3, 40
 
 def environment():
     env, params = gymnax.make("CartPole-v1")
-    return jaxbuf.gymnax_env(env, params.replace(max_steps_in_episode=15))  # truncations
+    return jaxbuf.envs.gymnax_env(env, params.replace(max_steps_in_episode=15))  # truncations
 
 
 def buffer_of(kind):
@@ -53,7 +53,7 @@ def test_prefill_equals_a_python_loop_over_the_same_environment(kind):
     example = jaxbuf.rl.prefill.record_step(kind)(obs, jnp.int32(0), jnp.float32(0), no, no, obs)
     state = buffer.init(example)
     key = jax.random.key(7)
-    filled = jax.jit(lambda s, k: jaxbuf.prefill(buffer, s, k, env, STEPS, num_envs=ENVS),
+    filled = jax.jit(lambda s, k: jaxbuf.envs.prefill(buffer, s, k, env, STEPS, num_envs=ENVS),
                      donate_argnums=0)(buffer.init(example), key)  # fmt: skip
     looped, ends = python_loop(buffer, state, key, env, kind)
     assert ends > 0  # episodes ended (truncations at 15 steps included)
@@ -75,8 +75,10 @@ def test_true_final_observations_are_recorded_at_truncations():
     example = jaxbuf.rl.prefill.record_step("replay")(
         obs, jnp.int32(0), jnp.float32(0), no, no, obs
     )
-    state = jaxbuf.prefill(buffer, buffer.init(example), jax.random.key(0), env, 40, num_envs=2)
-    items = jaxbuf.stored_items(state)
+    state = jaxbuf.envs.prefill(
+        buffer, buffer.init(example), jax.random.key(0), env, 40, num_envs=2
+    )
+    items = jaxbuf.io.stored_items(state)
     truncated = items["truncated"]
     assert truncated.any()
     # Within an episode next_obs is the following step's obs; at an end it is not
@@ -90,8 +92,8 @@ def test_true_final_observations_are_recorded_at_truncations():
 def test_bad_arguments_are_named():
     env = environment()
     with pytest.raises(ValueError, match="num_envs=2 differs from the buffer's 3"):
-        jaxbuf.prefill(buffer_of("transition"), None, jax.random.key(0), env, 5, num_envs=2)
+        jaxbuf.envs.prefill(buffer_of("transition"), None, jax.random.key(0), env, 5, num_envs=2)
     with pytest.raises(TypeError, match="num_envs must be an integer"):
-        jaxbuf.prefill(buffer_of("replay"), None, jax.random.key(0), env, 5)
+        jaxbuf.envs.prefill(buffer_of("replay"), None, jax.random.key(0), env, 5)
     with pytest.raises(TypeError, match="prefill fills a sampled buffer"):
-        jaxbuf.prefill(jaxbuf.make_queue(8, 2, 2), None, jax.random.key(0), env, 5)
+        jaxbuf.envs.prefill(jaxbuf.make_queue(8, 2, 2), None, jax.random.key(0), env, 5)

@@ -45,7 +45,7 @@ class ReverbModel:
 def state_of(inserts, samples, deletes):
     """A limiter state holding the given counts (Python ints below 2**64)."""
     words = [np.array([c & 0xFFFFFFFF, c >> 32], np.uint32) for c in (inserts, samples, deletes)]
-    return jaxbuf.RateLimiterState(*words)
+    return jaxbuf.types.RateLimiterState(*words)
 
 
 # 1/3 and 0.1 are not doubles, so their diffs round; the last three have limits that fall

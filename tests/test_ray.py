@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbuf.remote.ledger import Ledger
+from jaxbuf.ray.ledger import Ledger
 
 ray = pytest.importorskip("ray")
 
 import jaxbuf  # noqa: E402
-from jaxbuf.remote.ingest import Ingest  # noqa: E402
-from jaxbuf.remote.writer import Writer  # noqa: E402
+from jaxbuf.ray.ingest import Ingest  # noqa: E402
+from jaxbuf.ray.writer import Writer  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 # Ray starts its processes with subprocess's preexec_fn, which runs fork handlers: JAX's
@@ -128,7 +128,7 @@ def test_checkpoint_extra_must_be_json_and_comes_back(tmp_path):
         jaxbuf.save(tmp_path / "c", state, extra=[1])
     assert not (tmp_path / "c" / "metadata.json").exists()
     jaxbuf.save(tmp_path / "c", state, extra={"ledger": {"a": [1, 2]}})
-    assert jaxbuf.load_metadata(tmp_path / "c")["extra"] == {"ledger": {"a": [1, 2]}}
+    assert jaxbuf.io.load_metadata(tmp_path / "c")["extra"] == {"ledger": {"a": [1, 2]}}
 
 
 def test_writer_arguments_are_checked_before_connecting():
@@ -145,7 +145,7 @@ def test_the_writer_walks_steps_as_jax_does_without_importing_it():
 
     from flax import struct
 
-    from jaxbuf.remote import writer
+    from jaxbuf.ray import writer
 
     Pair = collections.namedtuple("Pair", "a b")
 

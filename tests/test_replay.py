@@ -22,7 +22,7 @@ def random_items(rng: np.random.Generator, batch: int, start: int) -> dict:
     }
 
 
-def assert_matches(state: jaxbuf.RingState, ref: RingBuffer) -> None:
+def assert_matches(state: jaxbuf.types.RingState, ref: RingBuffer) -> None:
     chex.assert_trees_all_equal(jax.device_get(state.experience), ref.storage)
     assert int(state.position) == ref.position
     assert int(state.size) == ref.size
@@ -88,7 +88,7 @@ def test_state_is_a_flax_dataclass_of_explicitly_typed_arrays():
     restored = jax.tree_util.tree_unflatten(
         jax.tree_util.tree_structure(state), jax.tree_util.tree_leaves(state)
     )
-    assert isinstance(restored, jaxbuf.RingState)
+    assert isinstance(restored, jaxbuf.types.RingState)
 
 
 def filled(capacity=20, total=33, **options):
@@ -248,7 +248,7 @@ def test_donated_add_aliases_the_state_and_updates_in_place():
 def test_from_data_equals_init_then_add():
     rng = np.random.default_rng(5)
     data = random_items(rng, 11, 0)
-    buffer, state = jaxbuf.from_data(data, capacity=16, sample_batch_size=3, min_size=2)
+    buffer, state = jaxbuf.io.from_data(data, capacity=16, sample_batch_size=3, min_size=2)
     assert dict(buffer.config) == dict(
         kind="replay", capacity=16, sample_batch_size=3, min_size=2, truncate_ok=False,
         sampler=jaxbuf.uniform().config,
@@ -256,15 +256,15 @@ def test_from_data_equals_init_then_add():
     ref = RingBuffer(16, EXAMPLE)
     ref.add(data)
     assert_matches(state, ref)
-    _, exact = jaxbuf.from_data(data, sample_batch_size=3)
+    _, exact = jaxbuf.io.from_data(data, sample_batch_size=3)
     assert int(exact.size) == 11 and exact.experience["obs"].shape == (11, 3)
 
 
 def test_from_data_keeps_the_newest_only_when_allowed():
     data = random_items(np.random.default_rng(5), 11, 0)
     with pytest.raises(ValueError, match=r"data holds 11 items but the capacity is 4.*truncate_ok"):
-        jaxbuf.from_data(data, capacity=4, sample_batch_size=2)
-    _, state = jaxbuf.from_data(data, capacity=4, sample_batch_size=2, truncate_ok=True)
+        jaxbuf.io.from_data(data, capacity=4, sample_batch_size=2)
+    _, state = jaxbuf.io.from_data(data, capacity=4, sample_batch_size=2, truncate_ok=True)
     ref = RingBuffer(4, EXAMPLE)
     ref.add(data)
     assert_matches(state, ref)
@@ -273,6 +273,6 @@ def test_from_data_keeps_the_newest_only_when_allowed():
 
 def test_from_data_rejects_bad_data():
     with pytest.raises(ValueError, match=r"data\['b'\] has N=3 .* but data\['a'\] has 4"):
-        jaxbuf.from_data({"a": np.zeros(4), "b": np.zeros(3)}, sample_batch_size=1)
+        jaxbuf.io.from_data({"a": np.zeros(4), "b": np.zeros(3)}, sample_batch_size=1)
     with pytest.raises(ValueError, match=r"data\['a'\] has shape \(\); from_data needs"):
-        jaxbuf.from_data({"a": np.float32(1)}, sample_batch_size=1)
+        jaxbuf.io.from_data({"a": np.float32(1)}, sample_batch_size=1)

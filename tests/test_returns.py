@@ -84,10 +84,10 @@ def test_gae_matches_numpy(method, coefficients):
 def test_lambda_and_discounted_returns_match_numpy(method):
     r, _, nv, term, trunc = rollout(2)
     shape = r.shape
-    got = jaxbuf.lambda_returns(r, nv, term, trunc, discount=0.95, lambda_=0.7, method=method)
+    got = jaxbuf.rl.lambda_returns(r, nv, term, trunc, discount=0.95, lambda_=0.7, method=method)
     want = np_lambda_returns(r, nv, term, trunc, full(0.95, shape), full(0.7, shape))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    got = jaxbuf.discounted_returns(r, nv, term, trunc, discount=0.95, method=method)
+    got = jaxbuf.rl.discounted_returns(r, nv, term, trunc, discount=0.95, method=method)
     want = np_lambda_returns(r, nv, term, trunc, full(0.95, shape), full(1.0, shape))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -95,7 +95,8 @@ def test_lambda_and_discounted_returns_match_numpy(method):
 @pytest.mark.parametrize("n", [1, 2, 5, 100])
 def test_n_step_returns_match_numpy(n):
     r, _, nv, term, trunc = rollout(3, shape=(40, 5))
-    got = jax.jit(jaxbuf.n_step_returns, static_argnames="n")(r, nv, term, trunc, discount=0.9, n=n)
+    n_step = jax.jit(jaxbuf.rl.n_step_returns, static_argnames="n")
+    got = n_step(r, nv, term, trunc, discount=0.9, n=n)
     want = np_n_step(r, nv, term, trunc, full(0.9, r.shape), n)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -105,20 +106,20 @@ def test_identities_between_estimators():
     kw = dict(discount=0.99)
     # lambda = 1: GAE returns are the discounted returns; advantages are those minus values.
     advantages, returns = jaxbuf.gae(r, v, nv, term, trunc, gae_lambda=1.0, **kw)
-    discounted = jaxbuf.discounted_returns(r, nv, term, trunc, **kw)
+    discounted = jaxbuf.rl.discounted_returns(r, nv, term, trunc, **kw)
     np.testing.assert_allclose(returns, discounted, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(advantages, discounted - v, rtol=1e-5, atol=1e-4)
     # lambda = 0: advantages are one-step TD errors, returns one-step targets.
     advantages, returns = jaxbuf.gae(r, v, nv, term, trunc, gae_lambda=0.0, **kw)
     td_target = r + 0.99 * (1 - term) * nv
     np.testing.assert_allclose(advantages, td_target - v, rtol=1e-5, atol=1e-6)
-    one_step = jaxbuf.n_step_returns(r, nv, term, trunc, n=1, **kw)
+    one_step = jaxbuf.rl.n_step_returns(r, nv, term, trunc, n=1, **kw)
     np.testing.assert_allclose(one_step, td_target, rtol=1e-6, atol=1e-6)
     # Any lambda: GAE returns are the lambda returns; n >= T steps are the full returns.
     _, returns = jaxbuf.gae(r, v, nv, term, trunc, gae_lambda=0.8, **kw)
-    lam = jaxbuf.lambda_returns(r, nv, term, trunc, lambda_=0.8, **kw)
+    lam = jaxbuf.rl.lambda_returns(r, nv, term, trunc, lambda_=0.8, **kw)
     np.testing.assert_allclose(returns, lam, rtol=1e-5, atol=1e-4)
-    long = jaxbuf.n_step_returns(r, nv, term, trunc, n=len(r), **kw)
+    long = jaxbuf.rl.n_step_returns(r, nv, term, trunc, n=len(r), **kw)
     np.testing.assert_allclose(long, discounted, rtol=1e-5, atol=1e-4)
 
 
@@ -172,8 +173,8 @@ JAX_VERSION = tuple(int(part) for part in jax.__version__.split(".")[:2])
 
 ESTIMATORS = [
     lambda *a, **k: jaxbuf.gae(*a, discount=0.99, gae_lambda=0.95, **k)[0],
-    lambda r, v, nv, *a, **k: jaxbuf.lambda_returns(r, nv, *a, discount=0.99, lambda_=0.9, **k),
-    lambda r, v, nv, *a, **k: jaxbuf.discounted_returns(r, nv, *a, discount=0.99, **k),
+    lambda r, v, nv, *a, **k: jaxbuf.rl.lambda_returns(r, nv, *a, discount=0.99, lambda_=0.9, **k),
+    lambda r, v, nv, *a, **k: jaxbuf.rl.discounted_returns(r, nv, *a, discount=0.99, **k),
 ]
 ESTIMATOR_NAMES = ["gae", "lambda_returns", "discounted_returns"]
 
@@ -269,4 +270,4 @@ def test_estimator_errors_name_the_argument():
         with pytest.raises(error, match=re.escape(message)):
             jax.jit(lambda *a, kwargs=kwargs: jaxbuf.gae(*a, **kwargs))(*args)
     with pytest.raises(ValueError, match=re.escape("n must be in [1,")):
-        jaxbuf.n_step_returns(r, nv, term, trunc, discount=0.9, n=0)
+        jaxbuf.rl.n_step_returns(r, nv, term, trunc, discount=0.9, n=0)

@@ -28,7 +28,7 @@ def test_gymnasium_spaces():
             "pair": gym_spaces.Tuple((gym_spaces.Discrete(2), gym_spaces.Box(0.0, 1.0, (2,)))),
         }
     )
-    assert shapes(jaxbuf.example_from_space(space)) == {
+    assert shapes(jaxbuf.envs.example_from_space(space)) == {
         "image": ((4, 4, 3), "uint8"),
         "state": ((5,), "float32"),
         "mode": ((), "int32"),  # int64 without jax_enable_x64
@@ -41,7 +41,7 @@ def test_gymnasium_spaces():
 
 def test_gymnax_spaces_and_a_whole_transition():
     env_obs = gymnax_spaces.Box(-1.0, 1.0, (4,), jnp.float32)
-    example = jaxbuf.example_from_space(
+    example = jaxbuf.envs.example_from_space(
         {
             "obs": env_obs,
             "action": gymnax_spaces.Discrete(2),
@@ -67,6 +67,6 @@ def test_unsupported_spaces_are_named():
     space = {"obs": gym_spaces.Box(0.0, 1.0, (2,)), "text": gym_spaces.Text(5)}
     message = "space['text'] is a gymnasium.spaces.text.Text; example_from_space supports"
     with pytest.raises(TypeError, match=re.escape(message)):
-        jaxbuf.example_from_space(space)
+        jaxbuf.envs.example_from_space(space)
     with pytest.raises(TypeError, match=re.escape("space[1] is a builtins.str")):
-        jaxbuf.example_from_space((gym_spaces.Discrete(2), "x"))
+        jaxbuf.envs.example_from_space((gym_spaces.Discrete(2), "x"))

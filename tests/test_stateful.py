@@ -109,7 +109,7 @@ class BufferMachine(RuleBasedStateMachine):
         self.history = [[] for _ in range(NUM_ENVS if per_env else 1)]  # step dicts
         self.last_indices = None
         self.folder = tempfile.mkdtemp()
-        self.writer = jaxbuf.DatasetWriter(f"{self.folder}/data", self.state)
+        self.writer = jaxbuf.io.DatasetWriter(f"{self.folder}/data", self.state)
         self.appended = 0
 
     # -- adds -------------------------------------------------------------------
@@ -144,7 +144,7 @@ class BufferMachine(RuleBasedStateMachine):
     def stored_is_the_newest_history(self):
         if not hasattr(self, "state"):
             return
-        columns = jaxbuf.stored_items(self.state)
+        columns = jaxbuf.io.stored_items(self.state)
         key = "action" if self.kind == "transition" else "id"
         got = np.asarray(columns[key])
         if self.kind == "replay":
@@ -266,7 +266,7 @@ class BufferMachine(RuleBasedStateMachine):
         if not hasattr(self, "writer"):
             return
         self.writer.flush()
-        data = jaxbuf.read_dataset(self.writer.path)
+        data = jaxbuf.io.read_dataset(self.writer.path)
         got = np.asarray(data["action"] if self.kind == "transition" else data["id"])
         if self.kind == "replay":
             want = [s["id"] for s in self.history[0]]
@@ -317,7 +317,7 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def agrees(self):
         if hasattr(self, "state"):
-            assert jaxbuf.stored_items(self.state)[""].tolist() == self.queue
+            assert jaxbuf.io.stored_items(self.state)[""].tolist() == self.queue
             assert int(self.state.dropped) == self.dropped and int(self.state.size) == len(
                 self.queue
             )
@@ -350,7 +350,7 @@ class RolloutMachine(RuleBasedStateMachine):
     @rule()
     def finish_and_clear(self):
         self.state = ROLLOUT_FINISH(self.state, jnp.zeros(2))
-        returns = jaxbuf.stored_items(self.state)["return"]
+        returns = jaxbuf.io.stored_items(self.state)["return"]
         assert len(returns) == 2 * len(self.steps) and np.all(np.isfinite(returns))
         self.state, self.steps, self.dropped = ROLLOUT.clear(self.state), [], 0
 
@@ -360,7 +360,7 @@ class RolloutMachine(RuleBasedStateMachine):
             assert int(self.state.size) == len(self.steps)
             assert int(self.state.dropped) == self.dropped
             assert (
-                jaxbuf.stored_items(self.state)["reward"].tolist()
+                jaxbuf.io.stored_items(self.state)["reward"].tolist()
                 == np.repeat(self.steps, 2).tolist()
             )
 

@@ -44,12 +44,12 @@ def write_vault(tmp_path, total, per_add=3, uid="run"):
 
 def test_read_vault_gives_every_step_with_structure_and_dtypes(tmp_path):
     folder = write_vault(tmp_path, 20)
-    data = jaxbuf.read_vault(folder)
+    data = jaxbuf.io.read_vault(folder)
     expected = jax.tree.map(np.asarray, steps(0, 20))
     assert jax.tree.structure(data) == jax.tree.structure(expected)
     jax.tree.map(np.testing.assert_array_equal, data, expected)
     assert data["obs"].dtype == jnp.bfloat16 and data["extras"]["done"].dtype == np.bool_
-    part = jaxbuf.read_vault(folder, 5, 12)
+    part = jaxbuf.io.read_vault(folder, 5, 12)
     np.testing.assert_array_equal(part["action"], expected["action"][:, 5:12])
 
 
@@ -59,7 +59,7 @@ def test_vault_to_state_fills_a_buffer_as_adds_would(tmp_path, kind):
     expected = steps(0, 20)
     if kind == "replay":
         buffer = jaxbuf.make_replay_buffer(64, 4)
-        state = jaxbuf.vault_to_state(folder, buffer)
+        state = jaxbuf.io.vault_to_state(folder, buffer)
         items = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), expected)
         direct = buffer.add(buffer.init(jax.tree.map(lambda x: x[0], items)), items)
     else:
@@ -69,8 +69,8 @@ def test_vault_to_state_fills_a_buffer_as_adds_would(tmp_path, kind):
             buffer = jaxbuf.make_episode_buffer(TRAJECTORIES, 16, 4, 6,
                                                 done_fn=lambda s: s["extras"]["done"])  # fmt: skip
         with pytest.raises(ValueError, match="holds 20 items but the capacity is 16"):
-            jaxbuf.vault_to_state(folder, buffer)
-        state = jaxbuf.vault_to_state(folder, buffer, truncate_ok=True)
+            jaxbuf.io.vault_to_state(folder, buffer)
+        state = jaxbuf.io.vault_to_state(folder, buffer, truncate_ok=True)
         newest = jax.tree.map(lambda x: x[:, 4:], expected)
         direct = buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], expected)), newest)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(direct))
@@ -90,7 +90,7 @@ def test_transition_vaults_load_into_transition_buffers(tmp_path):
         vault = Vault("t", state.experience, rel_dir=str(tmp_path), vault_uid="u")
         vault.write(state)
     buffer = jaxbuf.make_transition_buffer(2, 8, 4)
-    restored = jaxbuf.vault_to_state(tmp_path / "t" / "u", buffer)
+    restored = jaxbuf.io.vault_to_state(tmp_path / "t" / "u", buffer)
     direct = buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], data)), data)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(direct))
 
@@ -98,19 +98,19 @@ def test_transition_vaults_load_into_transition_buffers(tmp_path):
 def test_unsupported_versions_and_mismatches_are_clear_errors(tmp_path):
     folder = write_vault(tmp_path, 6)
     with pytest.raises(ValueError, match=re.escape("the buffer has num_envs=2")):
-        jaxbuf.vault_to_state(folder, jaxbuf.make_trajectory_buffer(2, 16, 4, 2))
+        jaxbuf.io.vault_to_state(folder, jaxbuf.make_trajectory_buffer(2, 16, 4, 2))
     with pytest.raises(ValueError, match=re.escape("the range [4, 9) is not within the 6 steps")):
-        jaxbuf.read_vault(folder, 4, 9)
+        jaxbuf.io.read_vault(folder, 4, 9)
     with pytest.raises(TypeError, match="vault_to_state fills a sampled buffer"):
-        jaxbuf.vault_to_state(folder, jaxbuf.make_queue(8, 2, 2))
+        jaxbuf.io.vault_to_state(folder, jaxbuf.make_queue(8, 2, 2))
     metadata = json.loads((folder / "metadata.json").read_text())
     (folder / "metadata.json").write_text(json.dumps(metadata | {"version": 2.0}))
     with pytest.raises(
         ValueError, match=re.escape("Vault of version 2.0; jaxbuf reads version 1.x")
     ):
-        jaxbuf.read_vault(folder)
+        jaxbuf.io.read_vault(folder)
     (folder / "metadata.json").write_text(json.dumps({"version": 1.2}))
     with pytest.raises(ValueError, match="is not a Flashbax Vault's metadata"):
-        jaxbuf.read_vault(folder)
+        jaxbuf.io.read_vault(folder)
     with pytest.raises(FileNotFoundError, match="holds no Flashbax Vault"):
-        jaxbuf.read_vault(tmp_path)
+        jaxbuf.io.read_vault(tmp_path)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import jaxbuf
 
 
-def every_kind_is_buffer_like() -> list[jaxbuf.BufferLike]:
+def every_kind_is_buffer_like() -> list[jaxbuf.types.BufferLike]:
     sampled = jaxbuf.make_replay_buffer(8, 2, sampler=jaxbuf.prioritized())
     return [
         sampled,

@@ -53,7 +53,7 @@ def main() -> None:
     new = items(jax.random.key(1), NEW)
     appends, copies, flushes = [], [], []
     with tempfile.TemporaryDirectory() as folder:
-        writer = jaxbuf.DatasetWriter(f"{folder}/data", state)
+        writer = jaxbuf.io.DatasetWriter(f"{folder}/data", state)
         for step in range(STEPS + 2):
             state = jax.block_until_ready(add(state, new))
             start = time.perf_counter()

@@ -227,7 +227,7 @@ class BufferLike(Protocol):
       >>> import jaxbuf
       >>> buffers = [jaxbuf.make_replay_buffer(8, 2), jaxbuf.make_queue(8, 2, 2),
       ...            jaxbuf.make_rollout_buffer(4, 2, discount=0.9, gae_lambda=0.9)]
-      >>> all(isinstance(b, jaxbuf.BufferLike) for b in buffers)
+      >>> all(isinstance(b, jaxbuf.types.BufferLike) for b in buffers)
       True
     """
 
@@ -250,7 +250,7 @@ class InitFn(Protocol):
 
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
-      >>> init: jaxbuf.InitFn = jaxbuf.make_replay_buffer(8, 2).init
+      >>> init: jaxbuf.types.InitFn = jaxbuf.make_replay_buffer(8, 2).init
       >>> init({"obs": jnp.zeros(3)}).experience["obs"].shape
       (8, 3)
     """
@@ -274,7 +274,7 @@ class AddFn(Protocol):
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
-      >>> add: jaxbuf.AddFn = buffer.add
+      >>> add: jaxbuf.types.AddFn = buffer.add
       >>> int(add(buffer.init(jnp.float32(0)), jnp.ones(3)).size)
       3
     """
@@ -299,7 +299,7 @@ class SampleFn(Protocol):
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
-      >>> sample: jaxbuf.SampleFn = buffer.sample
+      >>> sample: jaxbuf.types.SampleFn = buffer.sample
       >>> state = buffer.add(buffer.init(jnp.float32(0)), jnp.ones(3))
       >>> sample(state, jax.random.key(0)).experience.shape
       (2,)
@@ -326,7 +326,7 @@ class CanSampleFn(Protocol):
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2, min_size=4)
-      >>> can_sample: jaxbuf.CanSampleFn = buffer.can_sample
+      >>> can_sample: jaxbuf.types.CanSampleFn = buffer.can_sample
       >>> bool(can_sample(buffer.add(buffer.init(jnp.float32(0)), jnp.ones(3))))
       False
     """

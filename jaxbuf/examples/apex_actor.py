@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxbuf.remote.writer import Writer
+from jaxbuf.ray.writer import Writer
 
 
 def q_values(params: Any, obs: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from jaxbuf.examples._common import command_line, evaluate_and_report
 from jaxbuf.examples.apex_actor import Acting, Actor
 from jaxbuf.examples.dqn_cartpole import QNetwork
 from jaxbuf.ray import Ingest
-from jaxbuf.remote.ingest import write_block
+from jaxbuf.ray.ingest import write_block
 
 CONFIG = dict(
     hidden=(120, 84),

@@ -121,7 +121,7 @@ def make_train(config: dict, env, env_params, buffer: Any = None):
         key, net_key, env_key = jax.random.split(key, 3)
         obs, env_state = reset(jax.random.split(env_key, config["num_envs"]), env_params)
         params = network.init(net_key, obs[0])
-        example = jaxbuf.example_from_space(
+        example = jaxbuf.envs.example_from_space(
             {
                 "obs": env.observation_space(env_params),
                 "action": env.action_space(env_params),

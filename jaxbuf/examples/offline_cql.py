@@ -4,12 +4,12 @@ Run with `python -m jaxbuf.examples.offline_cql [--seed N] [--dataset PATH]`.
 
 Step 1 trains the DQN example (`jaxbuf.examples.dqn_cartpole`) on gymnax
 CartPole-v1 and records everything its replay buffer receives into a
-`jaxbuf.DatasetWriter` dataset (one `append` after every jitted chunk of
+`jaxbuf.io.DatasetWriter` dataset (one `append` after every jitted chunk of
 training, each chunk adding at most the buffer's capacity). The dataset holds
 the whole history of an agent that learns: random play at first, then better
 and better episodes.
 
-Step 2 forgets the environment: `jaxbuf.dataset_to_state` loads the dataset
+Step 2 forgets the environment: `jaxbuf.io.dataset_to_state` loads the dataset
 into a replay buffer with the `jaxbuf.epochs()` sampler, so each pass of
 `next_batch` visits every recorded transition exactly once, in a new order.
 A Q-network is trained on it with discrete conservative Q-learning (Kumar et
@@ -55,7 +55,7 @@ def record(path: pathlib.Path, seed: int, config: dict, quiet: bool) -> None:
     env, env_params = gymnax.make("CartPole-v1")
     init, train_chunk, _ = dqn_cartpole.make_train(dqn, env, env_params)
     runner = init(jax.random.key(seed))
-    writer = jaxbuf.DatasetWriter(path, runner.buffer_state)
+    writer = jaxbuf.io.DatasetWriter(path, runner.buffer_state)
     start = time.perf_counter()
     for _ in range(dqn["num_chunks"]):
         runner, _ = train_chunk(runner)
@@ -122,9 +122,9 @@ def main(seed: int = 0, quiet: bool = False, dataset: str | None = None,
     if not (path / "dataset.json").exists():
         print(f"== recording DQN's experience into {path} ==", flush=True)
         record(path, seed, config, quiet)
-    size = len(jaxbuf.read_dataset(path, stop=None)["reward"])
+    size = len(jaxbuf.io.read_dataset(path, stop=None)["reward"])
     buffer = jaxbuf.make_replay_buffer(size, config["batch_size"], sampler=jaxbuf.epochs())
-    state = jaxbuf.dataset_to_state(path, buffer)
+    state = jaxbuf.io.dataset_to_state(path, buffer)
     env, env_params = gymnax.make("CartPole-v1")
     network = dqn_cartpole.QNetwork(env.action_space(env_params).n,
                                     tuple(dqn_cartpole.CONFIG["hidden"]))  # fmt: skip

@@ -60,7 +60,7 @@ class ActorCritic(nn.Module):
 class Runner(NamedTuple):
     params: Any
     opt_state: Any
-    rollout: jaxbuf.RolloutBufferState
+    rollout: jaxbuf.types.RolloutBufferState
     env_state: Any
     obs: jax.Array
     episode_return: jax.Array  # [num_envs] return of the running episodes
@@ -124,7 +124,7 @@ def make_train(config: dict, env, env_params):
             last_returns=jnp.where(done, episode_return, runner.last_returns),
         ), None  # fmt: skip
 
-    def loss_fn(params, batch: jaxbuf.RolloutBatch) -> jax.Array:
+    def loss_fn(params, batch: jaxbuf.types.RolloutBatch) -> jax.Array:
         steps = batch.experience
         logits, value = network.apply(params, steps["obs"])
         log_probs = jax.nn.log_softmax(logits)
@@ -143,7 +143,7 @@ def make_train(config: dict, env, env_params):
         entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
         return actor_loss + config["value_coef"] * value_loss - config["entropy_coef"] * entropy
 
-    def learn(carry, batch: jaxbuf.RolloutBatch):
+    def learn(carry, batch: jaxbuf.types.RolloutBatch):
         params, opt_state = carry
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)

@@ -115,7 +115,7 @@ def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool
         num_envs, config["buffer_capacity"], config["batch_size"], burn_in + length + n_step,
         period=length // 2, sampler=sampler,
     )  # fmt: skip
-    environment = jaxbuf.gymnax_env(env, env_params)
+    environment = jaxbuf.envs.gymnax_env(env, env_params)
     num_iterations = config["total_timesteps"] // num_envs
     warmup = config["learning_starts"] // num_envs
 
@@ -239,7 +239,7 @@ def make_train(config: dict, env, env_params, prioritized: bool, recurrent: bool
 def make_evaluate(network: QNetwork, env, env_params, episodes: int):
     """A jitted `evaluate(params, key)`: the mean return of the greedy recurrent
     policy over `episodes` fresh episodes (at most 500 each)."""
-    environment = jaxbuf.gymnax_env(env, env_params)
+    environment = jaxbuf.envs.gymnax_env(env, env_params)
     steps = int(env_params.max_steps_in_episode)
 
     def body(loop, step_key):

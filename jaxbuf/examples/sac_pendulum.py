@@ -113,7 +113,7 @@ def make_train(config: dict, env, env_params, truncation_as_termination: bool = 
         config["num_envs"], config["buffer_capacity"], config["batch_size"],
         discount=config["discount"],
     )  # fmt: skip
-    environment = jaxbuf.gymnax_env(env, env_params)
+    environment = jaxbuf.envs.gymnax_env(env, env_params)
     num_envs, target_entropy = config["num_envs"], -float(action_dim)
     warmup = config["learning_starts"] // num_envs
 

@@ -33,7 +33,7 @@ def take_all(state: Any, num_minibatches: int | None = None) -> PyTree:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init(jnp.int32(0)), jnp.arange(6, dtype=jnp.int32))
-      >>> jaxbuf.take_all(state, num_minibatches=2).tolist()
+      >>> jaxbuf.io.take_all(state, num_minibatches=2).tolist()
       [[0, 1, 2], [3, 4, 5]]
     """
     if not hasattr(state, "stored_rows"):

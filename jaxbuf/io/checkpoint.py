@@ -320,7 +320,7 @@ def load_metadata(path: str | os.PathLike) -> dict:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
-      >>> metadata = jaxbuf.load_metadata(jaxbuf.save(tempfile.mkdtemp() + "/c", state, buffer))
+      >>> metadata = jaxbuf.io.load_metadata(jaxbuf.save(tempfile.mkdtemp() + "/c", state, buffer))
       >>> metadata["kind"], metadata["config"]["capacity"], metadata["size"]
       ('replay', 8, 3)
       >>> metadata["leaves"][".experience['x']"]

@@ -140,7 +140,7 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
 
     Examples:
       >>> import jaxbuf
-      >>> buffer = jaxbuf.buffer_from_config({"kind": "trajectory", "num_envs": 4,
+      >>> buffer = jaxbuf.io.buffer_from_config({"kind": "trajectory", "num_envs": 4,
       ...     "capacity": 1000, "sample_batch_size": 32, "sequence_length": 8,
       ...     "done_key": "done", "sampler": {"kind": "prioritized", "priority_exponent": 0.7}})
       >>> buffer.config.sampler.priority_exponent, buffer.config.done_key

@@ -30,7 +30,7 @@ from jaxbuf.core.samplers import PriorityState
 from jaxbuf.core.storage import RingState, TimeRingState
 from jaxbuf.core.sumtree import tree as _sumtree
 from jaxbuf.io import checkpoint as _checkpoint
-from jaxbuf.io import export as _export
+from jaxbuf.io import exporting as _export
 from jaxbuf.kinds import replay as _replay
 from jaxbuf.kinds.episode import EpisodeRecords
 from jaxbuf.kinds.transition import FinalObservations
@@ -154,7 +154,7 @@ class DatasetWriter:
     Under a prioritized sampler (but for episode buffers, whose priorities are
     per episode) rows add `priority_leaf`: the item's (or window start's) sum-tree
     leaf `priority ** priority_exponent` when appended, 0 where it could not be
-    drawn yet. Column names escape the item keys (see `jaxbuf.stored_items`):
+    drawn yet. Column names escape the item keys (see `jaxbuf.io.stored_items`):
     `%` and `/` in a key become `%25` and `%2F`, and a leaf named like one of
     these columns (`time`, say) becomes `%74ime`; `read_dataset` gives the keys
     back, but for those, which it leaves escaped beside the columns they are
@@ -174,12 +174,12 @@ class DatasetWriter:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(4, 2)
       >>> state = buffer.init({"x": jnp.float32(0)})
-      >>> writer = jaxbuf.DatasetWriter(tempfile.mkdtemp() + "/data", state)
+      >>> writer = jaxbuf.io.DatasetWriter(tempfile.mkdtemp() + "/data", state)
       >>> for start in range(0, 9, 3):
       ...     state = buffer.add(state, {"x": jnp.arange(start, start + 3.0)})
       ...     _ = writer.append(state)
       >>> writer.flush()
-      >>> jaxbuf.read_dataset(writer.path)["x"].tolist()
+      >>> jaxbuf.io.read_dataset(writer.path)["x"].tolist()
       [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
     """
 
@@ -290,10 +290,10 @@ def read_dataset(path: str | os.PathLike, start: int = 0, stop: int | None = Non
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})
-      >>> writer = jaxbuf.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
+      >>> writer = jaxbuf.io.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
       >>> _ = writer.append(state)
       >>> writer.flush()
-      >>> jaxbuf.read_dataset(writer.path, 1, 4)["x"].tolist()
+      >>> jaxbuf.io.read_dataset(writer.path, 1, 4)["x"].tolist()
       [1.0, 2.0, 3.0]
     """
     return _nest(_read_columns(path, start, stop))
@@ -338,10 +338,10 @@ def dataset_to_state(
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(5.0)})
-      >>> writer = jaxbuf.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
+      >>> writer = jaxbuf.io.DatasetWriter(tempfile.mkdtemp() + "/data", state, include_stored=True)
       >>> _ = writer.append(state)
       >>> writer.flush()
-      >>> offline = jaxbuf.dataset_to_state(writer.path, jaxbuf.make_replay_buffer(4, 2), 2)
+      >>> offline = jaxbuf.io.dataset_to_state(writer.path, jaxbuf.make_replay_buffer(4, 2), 2)
       >>> offline.experience["x"].tolist(), int(offline.size)
       ([2.0, 3.0, 4.0, 0.0], 3)
     """

@@ -81,7 +81,7 @@ def stored_items(state: Any) -> dict[str, np.ndarray]:
       >>> import jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(5, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
-      >>> jaxbuf.stored_items(state)["x"].tolist()
+      >>> jaxbuf.io.stored_items(state)["x"].tolist()
       [0.0, 1.0, 2.0]
     """
     host = jax.device_get(state)
@@ -129,7 +129,7 @@ def export(path: str | os.PathLike, state: Any) -> pathlib.Path:
       >>> import tempfile, numpy as np, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
-      >>> path = jaxbuf.export(tempfile.mkdtemp() + "/items.npz", state)
+      >>> path = jaxbuf.io.export(tempfile.mkdtemp() + "/items.npz", state)
       >>> np.load(path)["x"].tolist()
       [0.0, 1.0, 2.0]
     """
@@ -177,7 +177,8 @@ def read_export(path: str | os.PathLike) -> dict[str, np.ndarray]:
       >>> import tempfile, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.bfloat16(0)}), {"x": jnp.ones(2, jnp.bfloat16)})
-      >>> columns = jaxbuf.read_export(jaxbuf.export(tempfile.mkdtemp() + "/items.npz", state))
+      >>> path = jaxbuf.io.export(tempfile.mkdtemp() + "/items.npz", state)
+      >>> columns = jaxbuf.io.read_export(path)
       >>> columns["x"].dtype, columns["x"].tolist()
       (dtype(bfloat16), [1.0, 1.0])
     """
@@ -219,7 +220,7 @@ def to_torch(tree: PyTree) -> PyTree:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> buffer = jaxbuf.make_replay_buffer(8, 2)
       >>> state = buffer.add(buffer.init({"x": jnp.zeros(3)}), {"x": jnp.ones((4, 3))})
-      >>> tensors = jaxbuf.to_torch(buffer.sample(state, jax.random.key(0)).experience)
+      >>> tensors = jaxbuf.io.to_torch(buffer.sample(state, jax.random.key(0)).experience)
       >>> type(tensors["x"]).__name__, tuple(tensors["x"].shape), str(tensors["x"].dtype)
       ('Tensor', (2, 3), 'torch.float32')
     """

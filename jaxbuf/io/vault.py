@@ -93,7 +93,7 @@ def read_vault(path: str | os.PathLike, start: int = 0, stop: int | None = None)
 
     Examples:
       >>> import jaxbuf
-      >>> jaxbuf.read_vault("/no/such/vault")
+      >>> jaxbuf.io.read_vault("/no/such/vault")
       Traceback (most recent call last):
       ...
       FileNotFoundError: /no/such/vault holds no Flashbax Vault (no metadata.json); ...
@@ -153,7 +153,7 @@ def vault_to_state(
       ...     vault = Vault("demo", state.experience, rel_dir=tempfile.mkdtemp(), vault_uid="run")
       ...     _ = vault.write(state)
       >>> buffer = jaxbuf.make_trajectory_buffer(2, 16, 4, 2)
-      >>> restored = jaxbuf.vault_to_state(vault._base_path, buffer)
+      >>> restored = jaxbuf.io.vault_to_state(vault._base_path, buffer)
       >>> restored.experience["x"][:, :5].tolist(), int(restored.size)
       ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], 5)
     """

@@ -141,7 +141,7 @@ def from_data(
     Examples:
       >>> import numpy as np, jaxbuf
       >>> data = {"obs": np.arange(10.0, dtype=np.float32), "done": np.zeros(10, bool)}
-      >>> buffer, state = jaxbuf.from_data(data, capacity=4, sample_batch_size=2,
+      >>> buffer, state = jaxbuf.io.from_data(data, capacity=4, sample_batch_size=2,
       ...                                  truncate_ok=True)
       >>> state.experience["obs"].tolist(), int(state.size)
       ([8.0, 9.0, 6.0, 7.0], 4)

@@ -18,33 +18,7 @@ from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Config, PyTree, _Record
 from jaxbuf.rl import returns as _returns
-
-
-class _StepKeys(dict):
-    """The keys every rollout step must have, and what each one holds (per environment).
-
-    A step may hold more keys (observations, actions, log-probabilities); these
-    are the ones GAE reads.
-
-    Examples:
-      >>> import jaxbuf
-      >>> sorted(jaxbuf.STEP_KEYS)
-      ['final_value', 'reward', 'terminated', 'truncated', 'value']
-      >>> jaxbuf.STEP_KEYS["truncated"]
-      'bool scalar: the episode was cut (time limit)'
-    """
-
-
-STEP_KEYS = _StepKeys(
-    {
-        "reward": "float scalar: the reward received after the step",
-        "value": "float scalar: the value estimate of the observation the step was taken from",
-        "terminated": "bool scalar: the episode ended in a terminal state",
-        "truncated": "bool scalar: the episode was cut (time limit)",
-        "final_value": "float scalar: the value of the final observation where truncated "
-        "(read only where truncated is true)",
-    }
-)
+from jaxbuf.rl.returns import STEP_KEYS
 
 
 class RolloutBufferState(struct.PyTreeNode):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf.core.records import Sample
-from jaxbuf.io import export as _export
+from jaxbuf.io import exporting as _export
 from jaxbuf.transforms.blocks import Blocks, single_add
 
 OUTPUTS = ("numpy", "torch", "jax")

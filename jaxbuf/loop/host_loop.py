@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxbuf.core.records import BufferLike, PyTree, Sample
 from jaxbuf.core.samplers import check_priority_pairs
-from jaxbuf.io import export as _export
+from jaxbuf.io import exporting as _export
 from jaxbuf.kinds.queue import Queue
 from jaxbuf.loop.calls import OUTPUTS, Calls
 from jaxbuf.loop.stage import Stage, leaf_name
@@ -84,7 +84,7 @@ class HostLoop:
       steps_per_call: `k`, the steps staged per call.
       batches_per_call: batches per block; default `k` (0 for a rollout buffer).
       output: `"numpy"` (views of the block on CPU, copies elsewhere),
-        `"torch"` (`jaxbuf.to_torch`: no copy on CPU or CUDA) or `"jax"` (for a
+        `"torch"` (`jaxbuf.io.to_torch`: no copy on CPU or CUDA) or `"jax"` (for a
         jitted learner that scans over the block).
       device: where blocks are delivered (a `jax.Device` or `Sharding`: the
         learner's), with `output="jax"` or `"torch"`; the state stays where it

@@ -1,7 +1,7 @@
 """The learner's side: blocks from the inbox written into the learner's buffer state.
 
 `Ingest` owns the inbox (a Ray actor it starts), the buffer state, an optional rate
-limiter's state and the ledger (`jaxbuf.remote.ledger`). `poll` takes block references
+limiter's state and the ledger (`jaxbuf.ray.ledger`). `poll` takes block references
 from the inbox, fetches the blocks, and writes each one the ledger allows in one jitted,
 donated call (`add`, the initial priorities where given, the limiter's insert count),
 while the limiter allows the insert; a block the limiter holds back waits in `pending`
@@ -27,8 +27,8 @@ import ray
 import ray.exceptions
 
 from jaxbuf.io import checkpoint as _checkpoint
-from jaxbuf.remote.inbox import Inbox, Offer
-from jaxbuf.remote.ledger import Ledger
+from jaxbuf.ray.inbox import Inbox, Offer
+from jaxbuf.ray.ledger import Ledger
 from jaxbuf.rl.rate_limit import batches_allowed
 
 LOST = (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError)

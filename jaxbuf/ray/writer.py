@@ -24,7 +24,7 @@ import numpy as np
 import ray
 import ray.exceptions
 
-from jaxbuf.remote.inbox import Offer
+from jaxbuf.ray.inbox import Offer
 
 # Blocks up to this size travel inside the offer (one message to the inbox, one to the
 # learner); larger ones go through the object store once, by reference (Ray inlines

@@ -8,7 +8,7 @@ Environments are pure functions in gymnax's interface, for ONE environment
   truncated, info)`, resetting by itself when an episode ends, with the true
   last observation in `info["final_observation"]` (what gymnax returns).
 
-`jaxbuf.gymnax_env(env, params)` makes both from a gymnax environment, with a
+`jaxbuf.envs.gymnax_env(env, params)` makes both from a gymnax environment, with a
 uniform random policy from its action space.
 """
 
@@ -28,7 +28,7 @@ class Environment(NamedTuple):
 
     Examples:
       >>> import gymnax, jaxbuf
-      >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
+      >>> env = jaxbuf.envs.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> sorted(env._fields)
       ['random_policy', 'reset', 'step']
     """
@@ -44,7 +44,7 @@ def gymnax_env(env: Any, params: Any) -> Environment:
 
     Examples:
       >>> import gymnax, jax, jaxbuf
-      >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
+      >>> env = jaxbuf.envs.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> obs, env_state = env.reset(jax.random.key(0))
       >>> obs.shape, int(env.random_policy(jax.random.key(1), obs)) in (0, 1)
       ((4,), True)
@@ -120,12 +120,12 @@ def prefill(
 
     Examples:
       >>> import gymnax, jax, jax.numpy as jnp, jaxbuf
-      >>> env = jaxbuf.gymnax_env(*gymnax.make("CartPole-v1"))
+      >>> env = jaxbuf.envs.gymnax_env(*gymnax.make("CartPole-v1"))
       >>> buffer = jaxbuf.make_transition_buffer(4, 100, 8, n_step=3)
       >>> obs = jnp.zeros(4)
       >>> example = jaxbuf.Transition(obs, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
       ...                             jnp.bool_(False), obs)
-      >>> state = jaxbuf.prefill(buffer, buffer.init(example), jax.random.key(0), env, 50)
+      >>> state = jaxbuf.envs.prefill(buffer, buffer.init(example), jax.random.key(0), env, 50)
       >>> int(state.size), bool(buffer.can_sample(state))
       (50, True)
     """

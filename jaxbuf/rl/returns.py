@@ -270,7 +270,7 @@ def lambda_returns(
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> flags = jnp.zeros(2, bool)
-      >>> jaxbuf.lambda_returns(jnp.ones(2), jnp.full(2, 10.0), flags, flags,
+      >>> jaxbuf.rl.lambda_returns(jnp.ones(2), jnp.full(2, 10.0), flags, flags,
       ...                       discount=0.5, lambda_=0.5).tolist()
       [5.0, 6.0]
     """
@@ -326,7 +326,7 @@ def discounted_returns(
       >>> import jax.numpy as jnp, jaxbuf
       >>> terminated = jnp.array([False, True, False])
       >>> truncated = jnp.zeros(3, bool)
-      >>> jaxbuf.discounted_returns(jnp.ones(3), jnp.full(3, 4.0), terminated, truncated,
+      >>> jaxbuf.rl.discounted_returns(jnp.ones(3), jnp.full(3, 4.0), terminated, truncated,
       ...                           discount=0.5).tolist()
       [1.5, 1.0, 3.0]
     """
@@ -370,7 +370,7 @@ def n_step_returns(
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> flags = jnp.zeros(3, bool)
-      >>> jaxbuf.n_step_returns(jnp.ones(3), jnp.full(3, 8.0), flags, flags,
+      >>> jaxbuf.rl.n_step_returns(jnp.ones(3), jnp.full(3, 8.0), flags, flags,
       ...                       discount=0.5, n=2).tolist()
       [3.5, 3.5, 5.0]
     """
@@ -388,3 +388,30 @@ def n_step_returns(
         return rewards + live * jnp.where(carry > 0, later, next_values)
 
     return lax.fori_loop(1, n, extend, one_step)
+
+
+class _StepKeys(dict):
+    """The keys every rollout step must have, and what each one holds (per environment).
+
+    A step may hold more keys (observations, actions, log-probabilities); these
+    are the ones GAE reads.
+
+    Examples:
+      >>> import jaxbuf
+      >>> sorted(jaxbuf.rl.STEP_KEYS)
+      ['final_value', 'reward', 'terminated', 'truncated', 'value']
+      >>> jaxbuf.rl.STEP_KEYS["truncated"]
+      'bool scalar: the episode was cut (time limit)'
+    """
+
+
+STEP_KEYS = _StepKeys(
+    {
+        "reward": "float scalar: the reward received after the step",
+        "value": "float scalar: the value estimate of the observation the step was taken from",
+        "terminated": "bool scalar: the episode ended in a terminal state",
+        "truncated": "bool scalar: the episode was cut (time limit)",
+        "final_value": "float scalar: the value of the final observation where truncated "
+        "(read only where truncated is true)",
+    }
+)

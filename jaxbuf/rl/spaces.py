@@ -62,7 +62,7 @@ def example_from_space(space: Any) -> PyTree:
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
       >>> from gymnax.environments import spaces
-      >>> example = jaxbuf.example_from_space({
+      >>> example = jaxbuf.envs.example_from_space({
       ...     "obs": spaces.Box(-1.0, 1.0, (4,), jnp.float32),
       ...     "action": spaces.Discrete(2),
       ...     "reward": jnp.float32(0),

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from jaxbuf.remote.writer import Writer
+from jaxbuf.ray.writer import Writer
 
 
 class Producer:
