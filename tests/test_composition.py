@@ -42,8 +42,8 @@ KINDS = {
         NUM_ENVS, CAPACITY, 8, 3, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
     ),
     "transition": lambda s: jaxbuf.make_transition_buffer(
-        NUM_ENVS, CAPACITY, 8, n_step=2, discount=0.9, sampler=s
-    ),
+        NUM_ENVS, CAPACITY, 8, n_step=2, discount=0.9, min_episode_length=1, sampler=s
+    ),  # every final observation kept: episodes here are 5 steps
     "episode": lambda s: jaxbuf.make_episode_buffer(
         NUM_ENVS, CAPACITY, 8, 6, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
     ),

@@ -127,7 +127,9 @@ def test_transition_goals_come_from_the_same_episode_as_the_reference(
 
 def test_every_allowed_source_is_drawn_and_the_ratio_holds():
     goals = jaxbuf.hindsight(reward_fn, ratio=0.3, strategy="episode")
-    buffer = jaxbuf.make_transition_buffer(NUM_ENVS, CAPACITY, 512, goals=goals)
+    buffer = jaxbuf.make_transition_buffer(
+        NUM_ENVS, CAPACITY, 512, min_episode_length=1, goals=goals
+    )  # every source kept: short episodes
     rng = np.random.default_rng(7)
     envs, history = GoalEnvironments(rng, 0.25), [[] for _ in range(NUM_ENVS)]
     state = buffer.init(EXAMPLE)
@@ -267,8 +269,8 @@ def test_relabeling_works_vectorized_sharded_from_config_and_through_checkpoints
         (lambda: jaxbuf.make_episode_buffer(1, 8, 2, 4, done_fn=lambda s: s["done"],
             frames={"achieved": 2}, goals=jaxbuf.hindsight(reward_fn, achieved="achieved")),
          ValueError, re.escape("frames stack ['achieved']")),
-        (lambda: jaxbuf.io.buffer_from_config({"kind": "transition", "num_envs": 1, "capacity": 8,
-            "sample_batch_size": 2, "goals": {"ratio": 0.5}}), ValueError,
+        (lambda: jaxbuf.io.buffer_from_config({"kind": "transition", "num_envs": 1,
+            "steps_per_env": 8, "sample_batch_size": 2, "goals": {"ratio": 0.5}}), ValueError,
          re.escape("lacks the required key(s) ['reward_fn']")),
     ],
 )  # fmt: skip

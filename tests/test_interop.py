@@ -132,7 +132,7 @@ CONFIGS = {
     "trajectory": {
         "kind": "trajectory",
         "num_envs": 8,
-        "capacity": 1000,
+        "steps_per_env": 1000,
         "sample_batch_size": 16,
         "sequence_length": 20,
         "period": 10,
@@ -140,7 +140,7 @@ CONFIGS = {
     "transition": {
         "kind": "transition",
         "num_envs": 8,
-        "capacity": 1000,
+        "steps_per_env": 1000,
         "sample_batch_size": 64,
         "n_step": 3,
         "discount": 0.97,
@@ -155,7 +155,7 @@ CONFIGS = {
     "episode": {
         "kind": "episode",
         "num_envs": 2,
-        "capacity": 100,
+        "steps_per_env": 100,
         "sample_batch_size": 4,
         "max_length": 20,
         "done_key": "info/done",

@@ -97,7 +97,13 @@ def test_sequences_follow_priorities_and_never_straddle_the_write_position(perio
 def test_transitions_follow_priorities_and_match_naive_n_step_targets():
     num_envs, capacity, batch, n, discount = 3, 12, 128, 3, 0.9
     buffer = prioritized_transition(
-        num_envs, capacity, batch, n_step=n, discount=discount, priority_exponent=1.0
+        num_envs,
+        capacity,
+        batch,
+        n_step=n,
+        discount=discount,
+        priority_exponent=1.0,
+        min_episode_length=1,
     )
     add, sample = jax.jit(buffer.add, donate_argnums=0), jax.jit(buffer.sample)
     set_priorities = jax.jit(buffer.set_priorities)
@@ -173,5 +179,5 @@ def test_add_step_vmap_and_errors():
         jax.jit(buffer.set_priorities)(whole, jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match=re.escape("priority_exponent must be in [0, 1]")):
         prioritized_transition(2, 8, 4, priority_exponent=-0.1)
-    with pytest.raises(ValueError, match=re.escape("period=3 does not divide capacity=8")):
+    with pytest.raises(ValueError, match=re.escape("period=3 does not divide steps_per_env=8")):
         prioritized_trajectory(2, 8, 4, 2, period=3)

@@ -41,9 +41,11 @@ def test_api_reference_lists_every_public_name_once():
     top, submodules = index.split("## The named submodules")
     items = {re.match(r"- `([\w.]+)`", item).group(1): item
              for item in re.split(r"\n(?=- )", submodules) if item.startswith("- `")}  # fmt: skip
-    missing = [name for name in public_names()
-               if f"`{name.rsplit('.', 1)[1]}`" not in
-               (top if name.count(".") == 1 else items.get(name.rsplit(".", 1)[0], ""))]  # fmt: skip
+
+    def listing(name: str) -> str:
+        return top if name.count(".") == 1 else items.get(name.rsplit(".", 1)[0], "")
+
+    missing = [n for n in public_names() if f"`{n.rsplit('.', 1)[1]}`" not in listing(n)]
     assert not missing, missing
 
 

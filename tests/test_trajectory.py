@@ -138,19 +138,19 @@ def test_adds_are_in_place_and_never_retrace():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(sequence_length=13), ValueError, "sequence_length=13 exceeds capacity=12"),
-        (dict(period=5), ValueError, "period=5 does not divide capacity=12"),
+        (dict(sequence_length=13), ValueError, "sequence_length=13 exceeds steps_per_env=12"),
+        (dict(period=5), ValueError, "period=5 does not divide steps_per_env=12"),
         (
             dict(min_size=2),
             ValueError,
-            "min_size=2 must be in [sequence_length, capacity] = [4, 12]",
+            "min_size=2 must be in [sequence_length, steps_per_env] = [4, 12]",
         ),
         (dict(num_envs=0), ValueError, "num_envs must be in [1,"),
         (dict(done_fn="done"), TypeError, "done_fn must be callable, got str"),
     ],
 )
 def test_bad_configuration_is_named(kwargs, error, message):
-    arguments = dict(num_envs=2, capacity=12, sample_batch_size=4, sequence_length=4) | kwargs
+    arguments = dict(num_envs=2, steps_per_env=12, sample_batch_size=4, sequence_length=4) | kwargs
     with pytest.raises(error, match=re.escape(message)):
         jaxbuf.make_trajectory_buffer(**arguments)
 
@@ -164,7 +164,8 @@ def test_bad_steps_are_named(variant):
     ):
         variant(buffer.add)(state, make_steps(3, 2, 0, rng))
     with pytest.raises(
-        ValueError, match=re.escape("steps holds T=13 steps per environment, more than capacity=12")
+        ValueError,
+        match=re.escape("steps holds T=13 steps per environment, more than steps_per_env=12"),
     ):
         variant(buffer.add)(state, make_steps(2, 13, 0, rng))
     with pytest.raises(

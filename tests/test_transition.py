@@ -141,7 +141,7 @@ def test_samples_match_naive_full_transitions(
 
 
 def test_truncation_bootstraps_from_the_final_observation_and_termination_does_not():
-    buffer = jaxbuf.make_transition_buffer(1, 8, 64, n_step=3, discount=0.5)
+    buffer = jaxbuf.make_transition_buffer(1, 8, 64, n_step=3, discount=0.5, min_episode_length=1)
     obs = jnp.array([0.0, 1.0, 2.0, 50.0, 4.0, 5.0])  # 50: reset observation after step 2
     steps = jaxbuf.Transition(
         obs=obs[None, :, None],
@@ -260,7 +260,7 @@ def test_example_errors(change, error, match):
          "missing leaves .next_obs['id']"),
         (lambda s: s.replace(action=s.action[:, :2]), ValueError, "steps.action has T=2"),
         (lambda s: jax.tree.map(lambda x: jnp.concatenate([x] * 3, axis=1), s), ValueError,
-         "T=9 steps per environment, more than capacity=8"),
+         "T=9 steps per environment, more than steps_per_env=8"),
     ],
 )  # fmt: skip
 def test_add_errors_name_the_leaf_and_leave_the_state_intact(wrap, change, error, match):

@@ -43,6 +43,11 @@ class MemoryReport:
         `num_envs * capacity`, times `num_buffers` for a vectorized buffer.
       host: of `total`, the bytes in host memory (`host_memory=` leaves); the
         device holds `total - host` (`device`).
+      sized_for_episodes: where the buffer keeps a side record per episode end (a
+        transition buffer's final observations, an episode buffer's records), the
+        average episode length in steps it holds them for (`min_episode_length`):
+        shorter episodes leave the oldest stored steps unsampleable (a transition
+        buffer counts them in `state.side.stale`). None where nothing depends on it.
 
     Examples:
       >>> import jax.numpy as jnp, jaxbuf
@@ -58,6 +63,7 @@ class MemoryReport:
     total: int
     stored_steps: int
     host: int = 0
+    sized_for_episodes: int | None = None
 
     @property
     def device(self) -> int:
@@ -73,8 +79,13 @@ class MemoryReport:
         rows = [f"{name}: {size:,} bytes" for name, size in self.leaves.items()]
         hosted = f" ({self.host:,} in host memory)" if self.host else ""
         steps = f"{self.stored_steps:,} stored steps"
-        return "\n".join([*rows, f"total: {self.total:,} bytes{hosted}, {steps}, "
-                          f"{self.per_stored_step:,.1f} bytes per stored step"])  # fmt: skip
+        rows.append(f"total: {self.total:,} bytes{hosted}, {steps}, "
+                    f"{self.per_stored_step:,.1f} bytes per stored step")  # fmt: skip
+        if self.sized_for_episodes is not None:
+            rows.append(f"sized for episodes of {self.sized_for_episodes} steps or more on "
+                        "average: shorter ones leave the oldest stored steps unsampleable "
+                        "(min_episode_length)")  # fmt: skip
+        return "\n".join(rows)
 
 
 def memory(buffer: Any, example: PyTree) -> MemoryReport:
@@ -96,7 +107,9 @@ def memory(buffer: Any, example: PyTree) -> MemoryReport:
       (16000, 1000, 20.012)
     """
     with _describing():
-        return report(shapes(lambda: buffer.init(example)), example)
+        found = report(shapes(lambda: buffer.init(example)), example)
+    sized_for = (getattr(buffer, "config", None) or {}).get("min_episode_length")
+    return dataclasses.replace(found, sized_for_episodes=sized_for if sized_for != 1 else None)
 
 
 @contextlib.contextmanager

@@ -129,7 +129,7 @@ class Sample(struct.PyTreeNode):
         `Transition` of n-step transitions (its `reward` and `discount` are the
         n-step ones).
       indices: int32 `[B]`, where each item came from: a storage row (replay),
-        `env * capacity + time` of its first step (trajectory, transition), or
+        `env * steps_per_env + time` of its first step (trajectory, transition), or
         `env * K + record` (episode). `take` and `set_priorities` accept them.
       valid: bool `[B]`, false where the item must not be learned from (the
         buffer below `min_size`, or a prioritized draw that found nothing).
@@ -145,7 +145,7 @@ class Sample(struct.PyTreeNode):
       source: int32 `[B]`, which buffer of a vectorized or mixed set each item
         came from; else None.
       goal_source: int32 `[B]` (transitions) or `[B, max_length]` (episode
-        steps) with `goals=jaxbuf.hindsight(...)`: the step `env * capacity +
+        steps) with `goals=jaxbuf.hindsight(...)`: the step `env * steps_per_env +
         time` whose achieved goal became the desired goal, -1 where the goal was
         not relabeled; `take(state, indices, goal_source)` accepts it. Else None.
 

@@ -365,7 +365,7 @@ def check_steps(spec: PyTree, steps: PyTree, num_envs: int, capacity: int) -> in
         raise ValueError("steps holds no steps (T=0); add at least one step per call.")
     if length > capacity:
         raise ValueError(
-            f"steps holds T={length} steps per environment, more than capacity={capacity}."
+            f"steps holds T={length} steps per environment, more than steps_per_env={capacity}."
         )
     return length
 

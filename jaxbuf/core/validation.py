@@ -7,15 +7,18 @@ a (possibly donated) state. Messages name the argument or the leaf path
 
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf.core.records import PyTree
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Largest count an int32 counter holds; buffers index storage with int32.
 MAX_INT32 = int(np.iinfo(np.int32).max)
@@ -207,3 +210,23 @@ def check_leading(tree: PyTree, count: int, what: str, expected: str, fix: str) 
             raise ValueError(
                 f"{what}{jax.tree_util.keystr(path)} has shape {shape}; expected {expected}. {fix}"
             )
+
+
+def steps_per_env_not_capacity(factory: F) -> F:
+    """Refuses 0.3's `capacity=` keyword of a per-environment kind's factory, which 0.4
+    names `steps_per_env=` (`capacity` counts items over all environments, as in
+    `make_replay_buffer`): a `TypeError` that says what to write, never other memory."""
+
+    @functools.wraps(factory)
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        if "capacity" in kwargs:
+            value = kwargs["capacity"]
+            raise TypeError(
+                f"{factory.__name__} takes steps_per_env=, the steps stored per environment "
+                f"(jaxbuf 0.3 called it capacity=, with the same meaning): write "
+                f"steps_per_env={value!r}. For a number of steps over all environments, "
+                f"give steps_per_env=that // num_envs."
+            )
+        return factory(*args, **kwargs)
+
+    return refusing  # type: ignore[return-value]

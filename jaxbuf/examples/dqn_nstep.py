@@ -58,6 +58,7 @@ def make_buffer(config: dict, prioritized: bool):
     return jaxbuf.make_transition_buffer(
         *args, n_step=config["n_step"], discount=config["discount"],
         min_size=config["learning_starts"], sampler=sampler,
+        min_episode_length=1,  # CartPole's first episodes may average under 10 steps
     )  # fmt: skip
 
 

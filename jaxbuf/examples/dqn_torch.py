@@ -70,7 +70,9 @@ class JaxbufBuffer:
     """The same buffer as a `jaxbuf.HostLoop` over a transition buffer."""
 
     def __init__(self, seed: int, steps_per_call: int):
-        buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY // ENVS, BATCH, discount=GAMMA)
+        buffer = jaxbuf.make_transition_buffer(
+            ENVS, CAPACITY // ENVS, BATCH, discount=GAMMA, min_episode_length=1
+        )  # short CartPole episodes
         obs = jnp.zeros(4, jnp.float32)
         example = jaxbuf.Transition(obs, jnp.int32(0), jnp.float32(0), jnp.bool_(False),
                                     jnp.bool_(False), obs)  # fmt: skip

@@ -120,6 +120,7 @@ def make_buffer(n: int, config: dict, her: bool) -> jaxbuf.Buffer:
     return jaxbuf.make_transition_buffer(
         config["num_envs"], config["buffer_capacity"], config["batch_size"],
         discount=config["discount"], min_size=n + 1, goals=goals if her else None,
+        min_episode_length=1,  # episodes as short as the bits flipped
     )  # fmt: skip
 
 

@@ -358,6 +358,8 @@ def _check_config(metadata: dict, buffer: Any, folder: pathlib.Path) -> None:
     kind, config = _describe(buffer)
     saved = {"kind": metadata.get("kind"), **(metadata.get("config") or {})}
     wanted = {"kind": kind, **(config or {})}
+    if "capacity" in saved and "steps_per_env" in wanted and "capacity" not in wanted:
+        saved["steps_per_env"] = saved.pop("capacity")  # jaxbuf 0.3's name, the same number
     if metadata.get("config") is None:
         raise ValueError(
             f"{folder} was saved without its buffer, so its configuration cannot be "

@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import pathlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,24 @@ FACTORIES = {
     "transition": make_transition_buffer,
 }
 SAMPLERS = {"epochs": epochs, "prioritized": prioritized, "uniform": uniform}
+
+
+def upgraded(factory: Any, options: dict, *, warn: bool) -> dict:
+    """A configuration written by jaxbuf 0.3 in 0.4's keys: a per-environment kind's
+    `capacity` (steps per environment) is its `steps_per_env`, the same number. With
+    `warn`, a `DeprecationWarning` says so (a configuration file to update)."""
+    if "capacity" not in options or "steps_per_env" not in inspect.signature(factory).parameters:
+        return options
+    if warn:
+        warnings.warn(
+            f"the configuration's 'capacity' ({options['capacity']!r}) is read as "
+            f"'steps_per_env', its name since jaxbuf 0.4 (steps stored per environment); "
+            f"write 'steps_per_env' in the file.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    renamed = {("steps_per_env" if k == "capacity" else k): v for k, v in options.items()}
+    return renamed
 
 
 def _schema(factory) -> tuple[list[str], list[str]]:
@@ -141,7 +160,7 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     Examples:
       >>> import jaxbuf
       >>> buffer = jaxbuf.io.buffer_from_config({"kind": "trajectory", "num_envs": 4,
-      ...     "capacity": 1000, "sample_batch_size": 32, "sequence_length": 8,
+      ...     "steps_per_env": 1000, "sample_batch_size": 32, "sequence_length": 8,
       ...     "done_key": "done", "sampler": {"kind": "prioritized", "priority_exponent": 0.7}})
       >>> buffer.config.sampler.priority_exponent, buffer.config.done_key
       (0.7, 'done')
@@ -152,6 +171,7 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
         raise TypeError(f"a buffer configuration is a mapping, got {type(config).__name__}.")
     options = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in config.items()}
     kind, factory = _named(FACTORIES, "config", options)
+    options = upgraded(factory, options, warn=True)
     extra = ("num_buffers",) if kind == "replay" else ()
     if "done_fn" in inspect.signature(factory).parameters:
         extra += ("done_key",)

@@ -163,7 +163,7 @@ def vault_to_state(
                         f"of kind {kind!r}.")  # fmt: skip
     data: PyTree = jax.tree.map(jnp.asarray, read_vault(path, start, stop))
     trajectories, steps = jax.tree.leaves(data)[0].shape[:2]
-    capacity = buffer.config.capacity
+    capacity = buffer.config.get("steps_per_env", buffer.config.get("capacity"))
     if kind == "replay":
         data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), data)
         return _replay.fill(buffer, data, truncate_ok, "the Vault range")

@@ -64,7 +64,7 @@ class Settings(NamedTuple):
     """An episode buffer's checked arguments (its `config` holds them by name)."""
 
     num_envs: int
-    capacity: int
+    steps_per_env: int
     sample_batch_size: int
     max_length: int
     min_episodes: int
@@ -73,19 +73,19 @@ class Settings(NamedTuple):
     @property
     def records(self) -> int:
         """`K`, the episode records kept per environment."""
-        return math.ceil(self.capacity / self.min_episode_length)
+        return math.ceil(self.steps_per_env / self.min_episode_length)
 
 
-def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes,
+def _config(num_envs, steps_per_env, sample_batch_size, max_length, min_episodes,
             min_episode_length) -> Settings:  # fmt: skip
     check = _validation.check_int
-    capacity = check("capacity", capacity, maximum=_storage.MAX_CAPACITY)
-    min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
+    steps = check("steps_per_env", steps_per_env, maximum=_storage.MAX_CAPACITY)
+    min_episode_length = check("min_episode_length", min_episode_length, maximum=steps)
     config = Settings(
         num_envs=check("num_envs", num_envs),
-        capacity=capacity,
+        steps_per_env=steps,
         sample_batch_size=check("sample_batch_size", sample_batch_size),
-        max_length=check("max_length", max_length, maximum=capacity),
+        max_length=check("max_length", max_length, maximum=steps),
         min_episodes=check("min_episodes", min_episodes),
         min_episode_length=min_episode_length,
     )
@@ -93,7 +93,7 @@ def _config(num_envs, capacity, sample_batch_size, max_length, min_episodes,
     if config.min_episodes > most:
         raise ValueError(
             f"min_episodes={config.min_episodes} exceeds the most complete episodes the "
-            f"buffer can hold, num_envs * ceil(capacity / min_episode_length) = {most}."
+            f"buffer can hold, num_envs * ceil(steps_per_env / min_episode_length) = {most}."
         )
     return config
 
@@ -221,7 +221,7 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
 
 def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
     num_envs, capacity, max_length, k = (
-        config.num_envs, config.capacity, config.max_length, config.records)  # fmt: skip
+        config.num_envs, config.steps_per_env, config.max_length, config.records)  # fmt: skip
 
     def slot(state, env, member):
         return env, (_oldest_record(state.side, env) + member) % k
@@ -249,9 +249,10 @@ def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
     )
 
 
+@_validation.steps_per_env_not_capacity
 def make_episode_buffer(
     num_envs: int,
-    capacity: int,
+    steps_per_env: int,
     sample_batch_size: int,
     max_length: int,
     *,
@@ -271,7 +272,7 @@ def make_episode_buffer(
     sampled, uniformly (each episode equally likely, whatever its length); an
     unfinished episode waits for its end.
 
-    Memory per environment: `capacity` steps plus `K = ceil(capacity /
+    Memory per environment: `steps_per_env` steps plus `K = ceil(steps_per_env /
     min_episode_length)` records of 8 bytes. With the default
     `min_episode_length=1` every stored episode is recorded; a larger value saves
     memory, and if episodes are shorter, the oldest records go first and fewer
@@ -279,7 +280,8 @@ def make_episode_buffer(
 
     Args:
       num_envs: environments stepped together; each has its own time line.
-      capacity: steps stored PER ENVIRONMENT; the oldest are overwritten.
+      steps_per_env: steps stored per environment; the oldest are overwritten (jaxbuf
+        0.3 called it `capacity`; `capacity=` is refused, saying so).
       sample_batch_size: episodes per `sample`.
       max_length: steps per sampled episode; shorter ones are padded with zeros,
         longer ones cut to their first `max_length` steps (`length` tells).
@@ -320,12 +322,12 @@ def make_episode_buffer(
       ([[0, 1, 2, 0], [0, 1, 2, 0]], [True, True, True, False], [3, 3])
     """
     config = _config(
-        num_envs, capacity, sample_batch_size, max_length, min_episodes, min_episode_length
+        num_envs, steps_per_env, sample_batch_size, max_length, min_episodes, min_episode_length
     )
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config.capacity)
+    stacks = _frames.check_frames(frames, config.steps_per_env)
     _check_goals(goals, stacks)
     options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)

@@ -24,40 +24,41 @@ class Settings(NamedTuple):
     """A trajectory buffer's checked arguments (its `config` holds them by name)."""
 
     num_envs: int
-    capacity: int
+    steps_per_env: int
     sample_batch_size: int
     sequence_length: int
     period: int
     min_size: int
 
 
-def _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size) -> Settings:
+def _config(num_envs, steps_per_env, sample_batch_size, sequence_length, period,
+            min_size) -> Settings:  # fmt: skip
     check = _validation.check_int
     config = Settings(
         num_envs=check("num_envs", num_envs),
-        capacity=check("capacity", capacity, maximum=_storage.MAX_CAPACITY),
+        steps_per_env=check("steps_per_env", steps_per_env, maximum=_storage.MAX_CAPACITY),
         sample_batch_size=check("sample_batch_size", sample_batch_size),
         sequence_length=check("sequence_length", sequence_length),
         period=check("period", period),
         min_size=check("min_size", sequence_length if min_size is None else min_size),
     )
-    capacity, length, period = config.capacity, config.sequence_length, config.period
-    if config.num_envs * capacity > _validation.MAX_INT32:
-        raise ValueError("num_envs * capacity must fit in int32.")
-    if length > capacity:
+    steps, length, period = config.steps_per_env, config.sequence_length, config.period
+    if config.num_envs * steps > _validation.MAX_INT32:
+        raise ValueError("num_envs * steps_per_env must fit in int32.")
+    if length > steps:
         raise ValueError(
-            f"sequence_length={length} exceeds capacity={capacity} "
-            "(steps per environment): no sequence would ever fit."
+            f"sequence_length={length} exceeds steps_per_env={steps} "
+            "(steps stored per environment): no sequence would ever fit."
         )
-    if capacity % period:
+    if steps % period:
         raise ValueError(
-            f"period={period} does not divide capacity={capacity}: sequence "
+            f"period={period} does not divide steps_per_env={steps}: sequence "
             "starts would drift as the storage wraps around."
         )
-    if not length <= config.min_size <= capacity:
+    if not length <= config.min_size <= steps:
         raise ValueError(
-            f"min_size={config.min_size} must be in [sequence_length, capacity] = "
-            f"[{length}, {capacity}]."
+            f"min_size={config.min_size} must be in [sequence_length, steps_per_env] = "
+            f"[{length}, {steps}]."
         )
     return config
 
@@ -107,7 +108,7 @@ def init_steps(num_envs: int, capacity: int) -> Callable:
 
 def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
     num_envs, capacity, length, period = (
-        config.num_envs, config.capacity, config.sequence_length, config.period)  # fmt: skip
+        config.num_envs, config.steps_per_env, config.sequence_length, config.period)  # fmt: skip
     write_steps = step_writer(num_envs, capacity)
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
@@ -185,9 +186,10 @@ def episode_mask(done: jax.Array) -> jax.Array:
     return (_draws.running_sum(done, axis=1) - done) == 0
 
 
+@_validation.steps_per_env_not_capacity
 def make_trajectory_buffer(
     num_envs: int,
-    capacity: int,
+    steps_per_env: int,
     sample_batch_size: int,
     sequence_length: int,
     *,
@@ -203,12 +205,13 @@ def make_trajectory_buffer(
 
     Args:
       num_envs: environments stepped together; each has its own time line.
-      capacity: steps stored PER ENVIRONMENT (the buffer holds
-        `num_envs * capacity` steps); once full, the oldest are overwritten.
+      steps_per_env: steps stored per environment (the buffer holds `num_envs *
+        steps_per_env` steps); once full, each environment's oldest are overwritten.
+        (jaxbuf 0.3 called it `capacity`; `capacity=` is refused, saying so.)
       sample_batch_size: sequences per `sample`.
       sequence_length: consecutive steps per sequence.
       period: sequences start only at storage time indices that are multiples of
-        `period` (1: anywhere); it must divide `capacity`.
+        `period` (1: anywhere); it must divide `steps_per_env`.
       min_size: steps per environment from which `can_sample` is true; at least
         `sequence_length` (the default).
       done_fn: `done_fn(step) -> bool scalar` for one step (no batch axes); when
@@ -233,7 +236,7 @@ def make_trajectory_buffer(
 
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=8,
+      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, steps_per_env=8,
       ...     sample_batch_size=3, sequence_length=4, done_fn=lambda s: s["done"])
       >>> state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
       >>> steps = {"t": jnp.tile(jnp.arange(6, dtype=jnp.int32), (2, 1)),
@@ -242,11 +245,12 @@ def make_trajectory_buffer(
       >>> batch.experience["t"].shape, batch.mask.shape
       ((3, 4), (3, 4))
     """
-    config = _config(num_envs, capacity, sample_batch_size, sequence_length, period, min_size)
+    config = _config(num_envs, steps_per_env, sample_batch_size, sequence_length, period,
+                     min_size)  # fmt: skip
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config.capacity)
+    stacks = _frames.check_frames(frames, config.steps_per_env)
     options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory)
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks), options)
     return _assembly.assemble(

@@ -5,7 +5,7 @@ trajectory storage. The observation after step `t` is `obs[t + 1]`, except
 when step `t` ended its episode: an environment that resets automatically
 returns the reset observation there, so the final observation of every ended
 episode goes to a small per-environment side ring of `K` slots. With episodes of
-at least `min_episode_length` steps, `K = ceil(capacity / min_episode_length)`
+at least `min_episode_length` steps, `K = ceil(steps_per_env / min_episode_length)`
 slots hold the final observation of every episode end still in storage.
 """
 
@@ -35,6 +35,9 @@ from jaxbuf.options import goals as _goals
 from jaxbuf.options import wrappers as _options
 
 STORED = ("obs", "action", "reward", "terminated", "truncated")
+# The side ring's default size: one final observation per this many stored steps (about
+# 1.1 observations per stored step); episodes this long or longer lose nothing.
+MIN_EPISODE_LENGTH = 10
 
 
 class FinalObservations(struct.PyTreeNode):
@@ -46,7 +49,7 @@ class FinalObservations(struct.PyTreeNode):
       size: int32 `[num_envs]`, the slots holding an observation.
       added_at: uint32 `[num_envs, K]`, the step number (the storage's `added`
         when it was added) of the episode end whose observation each slot holds.
-      slot_of: `[num_envs, capacity]`, the slot of each stored step's final
+      slot_of: `[num_envs, steps_per_env]`, the slot of each stored step's final
         observation (meaningful where the step ended an episode).
       stale: int32 `[num_envs]`, how many of the oldest stored steps may not
         start a transition because the final observation they need has been
@@ -54,12 +57,12 @@ class FinalObservations(struct.PyTreeNode):
 
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_transition_buffer(2, 50, 4, n_step=3)
+      >>> buffer = jaxbuf.make_transition_buffer(2, 50, 4, n_step=3)  # min_episode_length=10
       >>> example = jaxbuf.Transition(jnp.zeros(2), jnp.int32(0), jnp.float32(0), jnp.bool_(False),
       ...     jnp.bool_(False), jnp.zeros(2))
       >>> state = buffer.init(example)
       >>> state.side.experience.shape, sorted(state.experience)
-      ((2, 50, 2), ['action', 'obs', 'reward', 'terminated', 'truncated'])
+      ((2, 5, 2), ['action', 'obs', 'reward', 'terminated', 'truncated'])
     """
 
     experience: PyTree
@@ -74,7 +77,7 @@ class Settings(NamedTuple):
     """A transition buffer's checked arguments (its `config` holds them by name)."""
 
     num_envs: int
-    capacity: int
+    steps_per_env: int
     sample_batch_size: int
     n_step: int
     discount: float
@@ -82,15 +85,17 @@ class Settings(NamedTuple):
     min_size: int
 
 
-def _config(num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length,
+def _config(num_envs, steps_per_env, sample_batch_size, n_step, discount, min_episode_length,
             min_size) -> Settings:  # fmt: skip
     check = _validation.check_int
-    capacity = check("capacity", capacity, minimum=2)
+    capacity = check("steps_per_env", steps_per_env, minimum=2)
     n_step = check("n_step", n_step, maximum=capacity - 1)
+    if min_episode_length is None:
+        min_episode_length = min(MIN_EPISODE_LENGTH, capacity)
     min_episode_length = check("min_episode_length", min_episode_length, maximum=capacity)
     return Settings(
         num_envs=check("num_envs", num_envs),
-        capacity=capacity,
+        steps_per_env=capacity,
         sample_batch_size=check("sample_batch_size", sample_batch_size),
         n_step=n_step,
         discount=_validation.check_fraction("discount", discount),
@@ -163,7 +168,7 @@ def _write_final(side: FinalObservations, position, added, steps: Transition, ca
     old_number = jnp.take_along_axis(side.added_at, old_slot[:, None], axis=1)[:, 0]
     rank = _draws.running_sum(done, axis=1) - 1
     new_index = jnp.argmax(done & (rank == (newest - side.size)[:, None]), axis=1)
-    new_number = jnp.take_along_axis(numbers, new_index[:, None], axis=1)[:, 0]
+    new_number = added + new_index.astype(jnp.uint32)  # numbers[env, new_index], no read
     number = jnp.where(newest < side.size, old_number, new_number)
     return pushed_side, pushed > 0, number
 
@@ -350,7 +355,7 @@ def _one_step(num_envs: int):
 def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
     num_envs, capacity, n, discount = (
         config.num_envs,
-        config.capacity,
+        config.steps_per_env,
         config.n_step,
         config.discount,
     )
@@ -392,14 +397,15 @@ def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assemb
     )
 
 
+@_validation.steps_per_env_not_capacity
 def make_transition_buffer(
     num_envs: int,
-    capacity: int,
+    steps_per_env: int,
     sample_batch_size: int,
     *,
     n_step: int = 1,
     discount: float = 0.99,
-    min_episode_length: int = 1,
+    min_episode_length: int | None = None,
     min_size: int | None = None,
     frames: Mapping[str, int] | None = None,
     goals: _goals.Hindsight | None = None,
@@ -409,26 +415,31 @@ def make_transition_buffer(
 ) -> Buffer:
     """Makes a buffer of n-step transitions that stores each observation once.
 
-    Memory per environment: `capacity` steps (observation, action, reward, two
-    flags and a 1-4 byte side-ring slot) plus `K = ceil(capacity /
+    Memory per environment: `steps_per_env` steps (observation, action, reward, two
+    flags and a 1-4 byte side-ring slot) plus `K = ceil(steps_per_env /
     min_episode_length)` final observations, i.e. about `1 + 1 / min_episode_length`
     observations per stored step, where a buffer of full transitions keeps 2.
-    With the default `min_episode_length=1` nothing is ever lost, at 2
-    observations per stored step; **set it to a length few episodes go below**
-    (100 for episodes of hundreds of steps) to hold about 1.01. If episodes are
-    shorter, the oldest final observations are overwritten first and the steps
-    that would need them are no longer sampled (`state.side.stale` counts them
-    per environment): the buffer holds fewer usable steps, never wrong ones.
-    `jaxbuf.memory(buffer, example)` gives the bytes per stored step before
-    anything is allocated.
+    The default, `min_episode_length=10` (or `steps_per_env` where smaller), holds about
+    1.1 and loses nothing while the stored episodes average 10 steps or more. If
+    they are shorter, the oldest final observations are overwritten first and the
+    steps that would need them are no longer sampled: `state.side.stale` counts
+    them per environment, and the buffer holds fewer usable steps, never wrong
+    ones (episodes of 2 steps keep about a fifth usable). Give `min_episode_length=1`
+    where episodes may be that short (nothing is ever lost, at 2 observations per
+    stored step), or 100 for episodes of hundreds of steps (about 1.01).
+    `jaxbuf.memory(buffer, example)` gives the bytes per stored step, and the
+    episode length the buffer is sized for, before anything is allocated.
 
     Args:
       num_envs: environments stepped together.
-      capacity: steps stored PER ENVIRONMENT; the oldest are overwritten.
+      steps_per_env: steps stored per environment; the oldest are overwritten (jaxbuf
+        0.3 called it `capacity`; `capacity=` is refused, saying so).
       sample_batch_size: transitions per `sample`.
       n_step: rewards summed per transition (fewer where an episode ends first).
       discount: the per-step discount gamma, in [0, 1].
-      min_episode_length: the shortest episode expected, sizing the side ring.
+      min_episode_length: the average episode length (in steps) the side ring is
+        sized for, at least 1 and at most `steps_per_env`; default 10 (or
+        `steps_per_env`).
       min_size: steps per environment from which `can_sample` is true; at least
         (and by default) `n_step + 1`.
       frames: `{"obs": k}`: `obs` and `next_obs` come as stacks of `k` frames,
@@ -471,10 +482,10 @@ def make_transition_buffer(
       ([1.75, 1.75, 1.75, 1.75], [0.125, 0.125, 0.125, 0.125])
     """
     config = _config(
-        num_envs, capacity, sample_batch_size, n_step, discount, min_episode_length, min_size
+        num_envs, steps_per_env, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
     sampler = _assembly.check_sampler(sampler)
-    stacks = _frames.check_frames(frames, config.capacity, allowed=("obs",))
+    stacks = _frames.check_frames(frames, config.steps_per_env, allowed=("obs",))
     _check_goals(goals, config.n_step, stacks)
     options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
     buffer = _assembly.assemble(

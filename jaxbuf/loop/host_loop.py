@@ -97,7 +97,7 @@ class HostLoop:
 
     Examples:
       >>> import jax, jax.numpy as jnp, numpy as np, jaxbuf
-      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, capacity=64, sample_batch_size=4)
+      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, steps_per_env=64, sample_batch_size=4)
       >>> example = jaxbuf.Transition(obs=jnp.zeros(3), action=jnp.int32(0),
       ...     reward=jnp.float32(0), terminated=jnp.bool_(False),
       ...     truncated=jnp.bool_(False), next_obs=jnp.zeros(3))

@@ -16,7 +16,7 @@ transition whose beginning was overwritten starts at its oldest stored step (the
 goal never comes from another episode). The reward is recomputed as
 `reward_fn(achieved, goal)` from the goal achieved after the step itself and,
 given a `terminal_fn`, the termination as `terminal_fn(reward)`. A sample's
-`goal_source` is the step `env * capacity + time` each new goal came from (-1:
+`goal_source` is the step `env * steps_per_env + time` each new goal came from (-1:
 not relabeled), and `take(state, indices, goal_source)` gives the same
 experience back.
 """

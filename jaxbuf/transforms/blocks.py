@@ -95,7 +95,7 @@ def blocks(buffer: BufferLike, steps_per_call: int, batches_per_call: int | None
 
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
-      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, capacity=16, sample_batch_size=4)
+      >>> buffer = jaxbuf.make_transition_buffer(num_envs=2, steps_per_env=16, sample_batch_size=4)
       >>> blocks = jaxbuf.blocks(buffer, steps_per_call=8)
       >>> step = jaxbuf.Transition(obs=jnp.zeros(3), action=jnp.int32(0),
       ...     reward=jnp.float32(0), terminated=jnp.bool_(False),
@@ -129,7 +129,9 @@ def blocks(buffer: BufferLike, steps_per_call: int, batches_per_call: int | None
 
 
 def _check_config(buffer: Any, steps_per_call: Any, batches_per_call: Any) -> Config:
-    limit = buffer.config.get("num_steps", buffer.config.get("capacity"))
+    limit = buffer.config.get(
+        "num_steps", buffer.config.get("steps_per_env", buffer.config.get("capacity"))
+    )
     if isinstance(buffer, Buffer) and buffer.config.kind == "replay":
         limit = _validation.MAX_INT32  # a replay step is `n` items; `add` checks `k * n`
     k = _validation.check_int("steps_per_call", steps_per_call, maximum=limit)

@@ -231,7 +231,7 @@ def shard(buffer: Any, mesh: Mesh, axis_name: str = "data") -> Any:
     Examples:
       >>> import jax, jax.numpy as jnp, jaxbuf
       >>> mesh = jax.make_mesh((1,), ("data",))
-      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, capacity=16,
+      >>> buffer = jaxbuf.make_trajectory_buffer(num_envs=2, steps_per_env=16,
       ...                                        sample_batch_size=4, sequence_length=3)
       >>> sharded = jaxbuf.shard(buffer, mesh, "data")
       >>> state = sharded.init({"obs": jnp.zeros(5)})
