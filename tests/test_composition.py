@@ -16,6 +16,7 @@ import pytest
 from flax import serialization
 
 import jaxbuf
+from jaxbuf.core.time_ring import DoneKey
 
 NUM_ENVS, CAPACITY = 2, 12
 
@@ -39,13 +40,13 @@ def transitions(ids):
 KINDS = {
     "replay": lambda s: jaxbuf.make_replay_buffer(CAPACITY, 8, sampler=s),
     "trajectory": lambda s: jaxbuf.make_trajectory_buffer(
-        NUM_ENVS, CAPACITY, 8, 3, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
+        NUM_ENVS, CAPACITY, 8, 3, done_fn=DoneKey("done"), sampler=s
     ),
     "transition": lambda s: jaxbuf.make_transition_buffer(
         NUM_ENVS, CAPACITY, 8, n_step=2, discount=0.9, min_episode_length=1, sampler=s
     ),  # every final observation kept: episodes here are 5 steps
     "episode": lambda s: jaxbuf.make_episode_buffer(
-        NUM_ENVS, CAPACITY, 8, 6, done_fn=jaxbuf.kinds.trajectory.DoneKey("done"), sampler=s
+        NUM_ENVS, CAPACITY, 8, 6, done_fn=DoneKey("done"), sampler=s
     ),
 }
 SAMPLERS = {"uniform": jaxbuf.uniform, "prioritized": jaxbuf.prioritized}

@@ -10,6 +10,7 @@ import pytest
 from helpers import public_names, resolve
 
 import jaxbuf
+from jaxbuf.core.time_ring import DoneKey
 
 
 def examples_of(value) -> list:
@@ -43,7 +44,7 @@ def test_the_check_fails_without_an_example():
 
 def every_buffer():
     """A buffer of every kind, sampler and transform, by name."""
-    done = jaxbuf.kinds.trajectory.DoneKey("done")
+    done = DoneKey("done")
     mesh = jax.make_mesh((1,), ("data",))
     buffers = {}
     for sampler in (jaxbuf.uniform(), jaxbuf.prioritized()):

@@ -20,9 +20,10 @@ import pytest
 from helpers import assert_same
 
 import jaxbuf
+from jaxbuf.core.time_ring import DoneKey
 
 DATA = pathlib.Path(__file__).with_name("data") / "checkpoints_0_3"
-DONE = jaxbuf.kinds.trajectory.DoneKey("done")
+DONE = DoneKey("done")
 PER_ENV = {
     "trajectory": lambda **kw: jaxbuf.make_trajectory_buffer(2, sample_batch_size=4,
                                                              sequence_length=3, **kw),

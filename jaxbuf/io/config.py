@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxbuf.core.samplers import epochs, prioritized, uniform
+from jaxbuf.core.time_ring import DoneKey
 from jaxbuf.kinds.episode import make_episode_buffer
 from jaxbuf.kinds.queue import make_queue
 from jaxbuf.kinds.replay import make_replay_buffer
 from jaxbuf.kinds.rollout import make_rollout_buffer
-from jaxbuf.kinds.trajectory import DoneKey, make_trajectory_buffer
+from jaxbuf.kinds.trajectory import make_trajectory_buffer
 from jaxbuf.kinds.transition import make_transition_buffer
 from jaxbuf.options.goals import hindsight
 from jaxbuf.transforms.vectorize import vectorize

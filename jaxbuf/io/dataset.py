@@ -32,8 +32,6 @@ from jaxbuf.core.sumtree import tree as _sumtree
 from jaxbuf.io import checkpoint as _checkpoint
 from jaxbuf.io import exporting as _export
 from jaxbuf.kinds import replay as _replay
-from jaxbuf.kinds.episode import EpisodeRecords
-from jaxbuf.kinds.transition import FinalObservations
 
 INDEX = "dataset.json"
 FORMAT = "jaxbuf-dataset"
@@ -108,10 +106,10 @@ def _take_rows(state: Any, rows: jax.Array) -> dict[str, Any]:
     envs = jnp.arange(jax.tree.leaves(state.experience)[0].shape[0])[:, None]
     where = envs, rows[None, :]
     columns = {"": _storage.read(state.experience, *where)}
-    if isinstance(state.side, FinalObservations):
-        slots = state.side.slot_of[where].astype(jnp.int32)
-        columns["final_obs"] = _storage.read(state.side.experience, envs, slots)
-    if isinstance(state.sampler, PriorityState) and not isinstance(state.side, EpisodeRecords):
+    side_columns = getattr(state.side, "dataset_columns", None)
+    if side_columns is not None:  # what the kind keeps beside its steps (final observations)
+        columns |= side_columns(*where)
+    if isinstance(state.sampler, PriorityState) and getattr(state.side, "priorities_by_step", True):
         slots = envs * _storage.capacity_of(state.experience, 1) + rows[None, :]
         columns["priority_leaf"] = _sumtree.leaves(state.sampler.tree, slots)
     # time-major rows: step after step, environment after environment

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf.core import storage as _storage
+from jaxbuf.core.assembly import Layout
 from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.kinds import replay as _replay
 
@@ -157,14 +158,14 @@ def vault_to_state(
       >>> restored.experience["x"][:, :5].tolist(), int(restored.size)
       ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], 5)
     """
-    kind = getattr(getattr(buffer, "config", None), "kind", None)
-    if kind not in ("replay", "trajectory", "transition", "episode"):
+    if not isinstance(getattr(buffer, "layout", None), Layout):
+        kind = getattr(getattr(buffer, "config", None), "kind", None)
         raise TypeError(f"vault_to_state fills a sampled buffer, got {type(buffer).__name__} "
                         f"of kind {kind!r}.")  # fmt: skip
     data: PyTree = jax.tree.map(jnp.asarray, read_vault(path, start, stop))
     trajectories, steps = jax.tree.leaves(data)[0].shape[:2]
     capacity = buffer.config.get("steps_per_env", buffer.config.get("capacity"))
-    if kind == "replay":
+    if buffer.layout.steps_axis == 0:  # items, not steps per environment
         data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), data)
         return _replay.fill(buffer, data, truncate_ok, "the Vault range")
     if trajectories != buffer.config.num_envs:

@@ -21,11 +21,11 @@ from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import storage as _storage
+from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.core.samplers import Changes, Sampler, uniform
 from jaxbuf.core.storage import TimeRingState
-from jaxbuf.kinds import trajectory as _trajectory
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
 from jaxbuf.options import wrappers as _options
@@ -58,6 +58,10 @@ class EpisodeRecords(struct.PyTreeNode):
     position: jax.Array
     size: jax.Array
     open_start: jax.Array
+
+    # A prioritized episode buffer keeps one priority per episode record, not per step:
+    # a dataset of its steps has no per-step priority column.
+    priorities_by_step = False
 
 
 class Settings(NamedTuple):
@@ -164,11 +168,11 @@ def _oldest_record(records: EpisodeRecords, envs: jax.Array) -> jax.Array:
 
 
 def _writer(num_envs: int, capacity: int, done_fn):
-    write_steps = _trajectory.step_writer(num_envs, capacity)
+    write_steps = _time_ring.step_writer(num_envs, capacity)
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
         after, written = write_steps(state, steps, where)  # validates `steps`
-        done = _trajectory.apply_done_fn(done_fn, steps)  # [N, T]
+        done = _time_ring.apply_done_fn(done_fn, steps)  # [N, T]
         done = done if where is None else done & where  # no records for steps not written
         records = _record(state, done, capacity)
         records = records.replace(size=records.size - _overwritten(after, records, written))
@@ -193,7 +197,7 @@ def _init(num_envs: int, capacity: int, k: int, frames: dict, goals: _goals.Hind
             size=jnp.zeros(num_envs, jnp.int32),
             open_start=jnp.zeros(num_envs, jnp.uint32),
         )
-        return _trajectory.init_steps(num_envs, capacity)(example_step).replace(side=side)
+        return _time_ring.init_steps(num_envs, capacity)(example_step).replace(side=side)
 
     return init
 
@@ -245,7 +249,7 @@ def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
         ready=lambda state, slots=None: state.side.size.sum() >= config.min_episodes,
         place=place,
         flatten=flatten,
-        one_step=_trajectory.one_step(num_envs),
+        one_step=_time_ring.one_step(num_envs),
     )
 
 
@@ -333,7 +337,7 @@ def make_episode_buffer(
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)
     buffer = _assembly.assemble(
         layout, sampler, config.sample_batch_size, kind="episode", **config._asdict(),
-        **_trajectory.done_config(done_fn), frames=stacks or None,
+        **_time_ring.done_config(done_fn), frames=stacks or None,
         goals=None if goals is None else goals.config, **options.config(),
     )  # fmt: skip
     relabeling = None if goals is None else _goals.episode_relabeling(goals, config.max_length)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
-from jaxbuf.core import draws as _draws
 from jaxbuf.core import storage as _storage
+from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.core.samplers import Changes, Sampler, uniform
@@ -79,37 +79,10 @@ def first_start(state: TimeRingState, length: int, period: int) -> tuple[jax.Arr
     return (oldest + first) % capacity, count
 
 
-def step_writer(num_envs: int, capacity: int) -> Callable:
-    """Checks steps `[num_envs, T, ...]` and writes them; returns `(state, T)`."""
-
-    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, int]:
-        spec = _storage.item_spec(state.experience, 1)
-        length = _storage.check_steps(spec, steps, num_envs, capacity)
-        return _storage.append_steps(state, steps, where), length
-
-    return write
-
-
-def one_step(num_envs: int) -> Callable:
-    def expand(state: TimeRingState, step: PyTree) -> PyTree:
-        return _storage.one_step(_storage.item_spec(state.experience, 1), step, num_envs)
-
-    return expand
-
-
-def init_steps(num_envs: int, capacity: int) -> Callable:
-    def init(example_step: PyTree) -> TimeRingState:
-        spec = _validation.item_spec(example_step, "example_step")
-        experience = _storage.allocate(spec, num_envs, capacity)
-        return TimeRingState(experience=experience, **_storage.counters())
-
-    return init
-
-
 def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
     num_envs, capacity, length, period = (
         config.num_envs, config.steps_per_env, config.sequence_length, config.period)  # fmt: skip
-    write_steps = step_writer(num_envs, capacity)
+    write_steps = _time_ring.step_writer(num_envs, capacity)
 
     def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
         after, written = write_steps(state, steps, where)
@@ -131,7 +104,7 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
 
     def init(example_step: PyTree) -> TimeRingState:
         _frames.check_leaves(frames, example_step, "the example step")
-        return init_steps(num_envs, capacity)(example_step)
+        return _time_ring.init_steps(num_envs, capacity)(example_step)
 
     place, flatten = _anchors.splitter(capacity)
 
@@ -147,22 +120,8 @@ def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
         ready=lambda state, slots=None: state.size >= config.min_size,
         place=place,
         flatten=flatten,
-        one_step=one_step(num_envs),
+        one_step=_time_ring.one_step(num_envs),
     )
-
-
-def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.Array:
-    """`done_fn` over steps with leaves `[batch, T, ...]`: bool `[batch, T]`."""
-    leading = jax.tree_util.tree_leaves(steps)[0].shape[:2]
-    done = jax.vmap(jax.vmap(done_fn))(steps)
-    if not hasattr(done, "dtype") or done.shape != leading or done.dtype != jnp.bool_:
-        got = (
-            f"dtype {done.dtype} and shape {done.shape[2:]}"
-            if hasattr(done, "dtype")
-            else type(done).__name__
-        )
-        raise TypeError(f"done_fn must return a bool scalar per step, got {got}.")
-    return jnp.asarray(done)
 
 
 def windows(
@@ -176,14 +135,12 @@ def windows(
     and the episode mask (None without `done_fn`)."""
     times = _anchors.window_times(starts, length, _storage.capacity_of(experience, 1))
     experience = _storage.read(experience, envs[:, None], times)
-    mask = None if done_fn is None else episode_mask(apply_done_fn(done_fn, experience))
+    mask = (
+        None
+        if done_fn is None
+        else _time_ring.episode_mask(_time_ring.apply_done_fn(done_fn, experience))
+    )
     return experience, mask
-
-
-def episode_mask(done: jax.Array) -> jax.Array:
-    """True up to and including the first true of each row of `done` `[batch, L]`."""
-    done = done.astype(jnp.int32)
-    return (_draws.running_sum(done, axis=1) - done) == 0
 
 
 @_validation.steps_per_env_not_capacity
@@ -255,35 +212,5 @@ def make_trajectory_buffer(
     layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks), options)
     return _assembly.assemble(
         layout, sampler, config.sample_batch_size, kind="trajectory", **config._asdict(),
-        **done_config(done_fn), frames=stacks or None, **options.config(),
+        **_time_ring.done_config(done_fn), frames=stacks or None, **options.config(),
     )  # fmt: skip
-
-
-class DoneKey:
-    """A `done_fn` that reads the bool leaf at a `/`-separated key path of a step
-    (`"done"`, `"extras/done"`): the file form of a `done_fn` (`done_key`)."""
-
-    def __init__(self, key: str):
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"done_key must be a non-empty string, got {key!r}.")
-        self.key = key
-
-    def __call__(self, step: PyTree) -> jax.Array:
-        for part in self.key.split("/"):
-            try:
-                step = step[part]
-            except (KeyError, TypeError, IndexError):
-                raise ValueError(
-                    f"done_key {self.key!r}: the step has no key {part!r} on that path."
-                ) from None
-        return step
-
-    def __repr__(self) -> str:
-        return f"DoneKey({self.key!r})"
-
-
-def done_config(done_fn: Any) -> dict[str, Any]:
-    """How a `done_fn` appears in a configuration: `done_key` when it is one."""
-    if isinstance(done_fn, DoneKey):
-        return {"done_key": done_fn.key}
-    return {"done_key": None} if done_fn is None else {"done_fn": done_fn}

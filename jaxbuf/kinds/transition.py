@@ -25,11 +25,11 @@ from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import storage as _storage
+from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, PyTree, Transition
 from jaxbuf.core.samplers import Sampler, uniform
 from jaxbuf.core.storage import TimeRingState
-from jaxbuf.kinds import trajectory as _trajectory
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
 from jaxbuf.options import wrappers as _options
@@ -71,6 +71,12 @@ class FinalObservations(struct.PyTreeNode):
     added_at: jax.Array
     slot_of: jax.Array
     stale: jax.Array
+
+    def dataset_columns(self, envs: jax.Array, times: jax.Array) -> dict[str, PyTree]:
+        """What a dataset writes beside the stored steps at `(envs, times)`: the final
+        observation each step's episode end keeps (`final_obs`, meaningful at ends)."""
+        slots = self.slot_of[envs, times].astype(jnp.int32)
+        return {"final_obs": _storage.read(self.experience, envs, slots)}
 
 
 class Settings(NamedTuple):
@@ -212,7 +218,7 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
         jnp.asarray(_storage.read(steps[name], envs[:, None], times))
         for name in ("reward", "terminated", "truncated")
     )
-    used = _trajectory.episode_mask(terminated | truncated)
+    used = _time_ring.episode_mask(terminated | truncated)
     length = used.sum(axis=1, dtype=jnp.int32)
     last = length - 1
     end_terminated, end_truncated, last_time = (
@@ -319,7 +325,7 @@ def _init(num_envs: int, capacity: int, k: int, frames: int, goals: _goals.Hinds
             stale=jnp.zeros(num_envs, jnp.int32),
         )
         stored = {name: getattr(spec, name) for name in STORED}
-        return _trajectory.init_steps(num_envs, capacity)(stored).replace(side=side)
+        return _time_ring.init_steps(num_envs, capacity)(stored).replace(side=side)
 
     return init
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.assembly import Layout
 from jaxbuf.core.records import PyTree, Transition
 
 
@@ -129,17 +130,18 @@ def prefill(
       >>> int(state.size), bool(buffer.can_sample(state))
       (50, True)
     """
-    kind = getattr(getattr(buffer, "config", None), "kind", None)
-    if kind not in ("replay", "trajectory", "transition", "episode"):
+    if not isinstance(getattr(buffer, "layout", None), Layout):
         raise TypeError(f"prefill fills a sampled buffer, got {type(buffer).__name__}.")
+    kind = buffer.config.kind
     num_steps = _validation.check_int("num_steps", num_steps)
     num_envs = buffer.config.get("num_envs") if num_envs is None else num_envs
-    if kind != "replay" and num_envs != buffer.config.num_envs:
+    per_env = buffer.add_step is not None  # a time line per environment
+    if per_env and num_envs != buffer.config.num_envs:
         raise ValueError(f"num_envs={num_envs} differs from the buffer's {buffer.config.num_envs}.")
     num_envs = _validation.check_int("num_envs", num_envs)
     policy = env.random_policy if policy is None else policy
     record = record_step(kind) if record is None else record
-    add = buffer.add if kind == "replay" else buffer.add_step
+    add = buffer.add_step if per_env else buffer.add
     reset_key, run_key = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
 

@@ -132,8 +132,8 @@ def _check_config(buffer: Any, steps_per_call: Any, batches_per_call: Any) -> Co
     limit = buffer.config.get(
         "num_steps", buffer.config.get("steps_per_env", buffer.config.get("capacity"))
     )
-    if isinstance(buffer, Buffer) and buffer.config.kind == "replay":
-        limit = _validation.MAX_INT32  # a replay step is `n` items; `add` checks `k * n`
+    if isinstance(buffer, Buffer) and "truncate_ok" in buffer.config:
+        limit = _validation.MAX_INT32  # a step of items is `n` of them; `add` checks `k * n`
     k = _validation.check_int("steps_per_call", steps_per_call, maximum=limit)
     if isinstance(buffer, RolloutBuffer):
         if batches_per_call not in (None, 0):
@@ -169,7 +169,7 @@ def _fits_one_add(buffer: Buffer, layout: Layout, data: PyTree) -> bool:
     equal: always, but for a replay buffer without `truncate_ok` whose `k * n`
     items exceed its capacity (one `add` would refuse them; `k` adds of `n` keep
     the newest `capacity`)."""
-    if buffer.config.kind != "replay" or buffer.config.truncate_ok:
+    if buffer.config.get("truncate_ok", True):  # steps per environment, or items cut
         return True
     joined = jax.tree_util.tree_leaves(data)[0].shape[layout.steps_axis]
     return joined <= buffer.config.capacity
