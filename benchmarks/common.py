@@ -19,9 +19,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]  # where `python -m benchmark
 
 
 def _version(package: str) -> str | None:
+    """The installed version; for jaxbuf run from a checkout that is not installed (the GPU
+    machine's copy), the checkout's own `jaxbuf.__version__`."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
+        if package == "jaxbuf":
+            import jaxbuf
+
+            return jaxbuf.__version__
         return None
 
 

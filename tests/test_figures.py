@@ -192,6 +192,24 @@ def test_the_report_holds_every_table():
             assert all(line.removeprefix("# ") in report for line in lines[:1] + measured), table
 
 
+def test_every_table_names_its_command_threads_and_jaxbuf():
+    """Each results table's header (its first lines) says how to run it again, on how many
+    threads it ran, and, for a GPU table, which jaxbuf it measured."""
+    unsaid = []
+    for table in sorted(RESULTS.glob("*_*.md")):
+        backend = table.stem.rsplit("_", 1)[1]
+        if backend not in ("cpu", "gpu"):
+            continue
+        head = "\n".join(table.read_text().splitlines()[:8])
+        said = {
+            "command": re.search(r"Command:|command that runs it|`python -m |its runs are", head),
+            "threads": re.search(r"threads|Threads|XLA on", head),
+            "jaxbuf": backend == "cpu" or re.search(r"jaxbuf \d", head),
+        }
+        unsaid += [f"{table.name}: {what}" for what, found in said.items() if not found]
+    assert unsaid == []
+
+
 def test_every_cpu_table_a_page_links_measured_this_release():
     """A CPU table the pages quote was measured by this minor version, or every block that
     links it names the release that measured it (GPU tables name theirs where quoted: a

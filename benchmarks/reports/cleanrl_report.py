@@ -24,6 +24,9 @@ def table(rows: list[dict], settings: dict) -> str:
         + ", ".join(f"{k} {v}" for k, v in settings["versions"].items() if v)
         + ".",
         "",
+        f"Command: `{command(size)}`. Threads: torch's per row (`1`: `OMP_NUM_THREADS=1`; "
+        "`default`: torch's own count), XLA's CPU client on every core.",
+        "",
         '"buffer µs": time in the buffer\'s calls per environment step while learning, after '
         "the first 1,000 learning steps (CleanRL: `rb.add` and `rb.sample` of SB3's buffer; "
         'jaxbuf: `rb.add`, whose call draws the batch); "with compiles" counts from the first '
@@ -54,6 +57,17 @@ def table(rows: list[dict], settings: dict) -> str:
             )
     lines += ["", *breakdown(rows), "", *episodes(rows)]
     return "\n".join(lines) + "\n"
+
+
+def command(size: dict) -> str:
+    """The command line that measured a table of these settings."""
+    flags = {"total_timesteps": 20_000, "learning_starts": 5_000, "buffer_size": 100_000,
+             "seed": 1, "order": "ABBA", "out": "cleanrl_dqn_cpu"}  # fmt: skip
+    given = [f"--{k.replace('_', '-')} {v}" for k, v in size.items()
+             if k in flags and v != flags[k]]  # fmt: skip
+    if size.get("threads", ["1", "default"]) != ["1", "default"]:
+        given.append("--threads " + " ".join(size["threads"]))
+    return " ".join(["python -m benchmarks.agents.cleanrl_dqn", *given])
 
 
 def breakdown(rows: list[dict]) -> list[str]:
