@@ -71,6 +71,16 @@ def numbers_in(files: list[pathlib.Path]) -> list[str]:
     return [n.replace(",", "") for f in files for n in re.findall(r"\d[\d,]*\.?\d*", f.read_text())]
 
 
+def withdrawn(files: list[pathlib.Path]) -> set[str]:
+    """Figures a results file itself takes back: those in parentheses in a sentence that
+    says it is "left out" (a row that is not a measurement of what the table measures)."""
+    found = set()
+    for text in (f.read_text() for f in files):
+        for sentence in re.findall(r"(?:^|(?<=\. ))[^\n]*?\bleft out\b", text, re.M):
+            found |= set(re.findall(r"\((\d+\.\d+)\)", sentence.rsplit(". ", 1)[-1]))
+    return found
+
+
 def held(figure: str, numbers: list[str]) -> bool:
     """Whether `figure` is one of `numbers` at the figure's precision."""
     places = len(figure.partition(".")[2])
@@ -124,6 +134,9 @@ def problems(page: pathlib.Path) -> list[str]:
         absent = [f for f in quoted if f not in derived and not held(f, numbers)]
         if absent:
             found.append(f"{where!r}: {absent} not in {[f.name for f in files]}")
+        taken_back = sorted(set(quoted) & withdrawn(files))
+        if taken_back:
+            found.append(f"{where!r}: {taken_back}, which {[f.name for f in files]} leaves out")
     return found
 
 
@@ -144,6 +157,11 @@ def test_the_check_fails_on_a_figure_the_file_lacks(tmp_path):
     assert "no results link" in problems(page)[0]
     page.write_text(f"[t](results/{table}) <!-- derived: 2.5 = 5 / 3 -->\n")
     assert "does not hold" in problems(page)[0]
+    # a figure its results file leaves out (not a measurement of the buffer)
+    wide = "Seeds 0-2 ([table](results/scale_sac_wide_cpu.md)): 2.64{x}, 1.17{x} and 3.11{x}."
+    page.write_text(wide.format(x=TIMES) + "\n<!-- derived: 1.17 = 1981 / 1686 -->\n")
+    assert problems(page) == [f"{wide.format(x=TIMES)[:80]!r}: ['1.17'], which "
+                              "['scale_sac_wide_cpu.md'] leaves out"]  # fmt: skip
 
 
 def test_versions_settings_and_shapes_are_not_figures():
