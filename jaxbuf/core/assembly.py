@@ -155,7 +155,8 @@ def _sample(layout: Layout, drawn: Drawn, state: Any) -> Sample:
     experience, mask, length = layout.expand(state, drawn.where)
     valid = drawn.valid & layout.ready(state, drawn.slots)
     weights = None if drawn.weights is None else jnp.where(valid, drawn.weights, 0.0)
-    return Sample(experience, drawn.slots, valid, mask, length, drawn.probabilities, weights)
+    return Sample(experience=experience, indices=drawn.slots, valid=valid, mask=mask,
+                  length=length, probabilities=drawn.probabilities, weights=weights)  # fmt: skip
 
 
 def next_batch(layout: Layout, sampler: Sampler, batch: int, state: Any, key: jax.Array):

@@ -130,7 +130,8 @@ def uniform(replacement: bool = True) -> Sampler:
         else:
             group, member = _draws.locate(pick(key, total, count), counts, ends)
         where = layout.slot(state, group, member)
-        return Drawn(layout.flatten(where), where, jnp.broadcast_to(total > 0, (count,)))
+        return Drawn(slots=layout.flatten(where), where=where,
+                     valid=jnp.broadcast_to(total > 0, (count,)))  # fmt: skip
 
     def available(layout, state) -> jax.Array:
         return jnp.sum(layout.counts(state)) > 0
@@ -301,7 +302,8 @@ def _draw_in_proportion(
     ratio = jnp.where(positive, smallest, 1.0) / safe
     weights = jnp.where(positive, jnp.minimum(ratio**beta, 1.0), 0.0)
     probabilities = jnp.where(positive, safe / jnp.where(total > 0, total, 1.0), 0.0)
-    return Drawn(slots, slots, positive, probabilities, weights)
+    return Drawn(slots=slots, where=slots, valid=positive, probabilities=probabilities,
+                 weights=weights)  # fmt: skip
 
 
 def _check_importance_exponent(value: Any) -> None:
@@ -431,7 +433,8 @@ def epochs() -> Sampler:
         slots = _pass_slots(layout, current, positions)
         valid = (positions < current.size) & (current.changed[slots] != current.epoch)
         after = current.replace(cursor=jnp.minimum(current.cursor + count, current.size))
-        return Drawn(slots, layout.place(slots), valid & layout.usable(state, slots), state=after)
+        return Drawn(slots=slots, where=layout.place(slots),
+                     valid=valid & layout.usable(state, slots), state=after)  # fmt: skip
 
     def available(layout, state) -> jax.Array:
         return jnp.sum(layout.counts(state)) > 0

@@ -43,7 +43,7 @@ def _lifted_changes(changes: Changes, count: int, num_slots: int) -> Changes:
     if changes.cleared is not None:
         cleared = jnp.where(changes.cleared >= 0, changes.cleared + base, -1).ravel()
     keep = None if changes.keep is None else changes.keep.ravel()
-    return Changes(cleared, (changes.filled + base).ravel(), keep)
+    return Changes(cleared=cleared, filled=(changes.filled + base).ravel(), keep=keep)
 
 
 def lift(layout: Layout, count: int) -> Layout:
@@ -96,10 +96,11 @@ def lift(layout: Layout, count: int) -> Layout:
         return jax.vmap(layout.one_step)(_inner(state), step)
 
     return Layout(
-        init, write, count * slots, count * groups, counts, slot, usable, expand, ready, place,
-        lambda where: where[0] * slots + layout.flatten(where[1]),
-        None if layout.one_step is None else one_step,
-        layout.steps_axis + 1,
+        init=init, write=write, num_slots=count * slots, groups=count * groups, counts=counts,
+        slot=slot, usable=usable, expand=expand, ready=ready, place=place,
+        flatten=lambda where: where[0] * slots + layout.flatten(where[1]),
+        one_step=None if layout.one_step is None else one_step,
+        steps_axis=layout.steps_axis + 1,
     )  # fmt: skip
 
 
