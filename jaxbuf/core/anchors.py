@@ -8,7 +8,6 @@ storage time `t` is valid while it does not cross the write position.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,9 +17,14 @@ from jaxbuf.core import storage as _storage
 from jaxbuf.core.samplers import Changes
 
 
-def splitter(size: int) -> tuple[Callable, Callable]:
-    """`(place, flatten)` of slots `outer * size + inner`."""
-    return (lambda slots: _storage.split(slots, size)), (lambda where: where[0] * size + where[1])
+def place(slots: jax.Array, *, size: int) -> tuple[jax.Array, jax.Array]:
+    """`(outer, inner)` of slots `outer * size + inner` (a layout's `place`)."""
+    return _storage.split(slots, size)
+
+
+def flatten(where: tuple[jax.Array, jax.Array], *, size: int) -> jax.Array:
+    """The slots `outer * size + inner` of `where = (outer, inner)` (a layout's `flatten`)."""
+    return where[0] * size + where[1]
 
 
 def window_times(starts: jax.Array, length: int, capacity: int) -> jax.Array:

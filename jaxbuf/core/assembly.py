@@ -49,6 +49,12 @@ class Layout(NamedTuple):
     steps_axis: int = 1
 
 
+def holds_min_size(state: Any, slots: jax.Array | None = None, *, min_size: int) -> jax.Array:
+    """A layout's `ready` by its size alone: the state holds `min_size` items (or steps
+    per environment), whatever the slots drawn."""
+    return state.size >= min_size
+
+
 def init(layout: Layout, sampler: Sampler, example: PyTree) -> Any:
     """Creates an empty state.
 

@@ -1,6 +1,6 @@
 """Per-environment time rings, what every kind with one time line per environment shares:
 allocating the ring (`init_steps`), checking and writing steps `[num_envs, T, ...]`
-(`step_writer`) or one step per environment (`one_step`), an episode's steps from a
+(`write_steps`) or one step per environment (`one_step`), an episode's steps from a
 `done_fn` (`apply_done_fn`, `episode_mask`), and the file form of a `done_fn` (`DoneKey`,
 `done_config`). The kinds (trajectory, transition, episode) are siblings over it.
 """
@@ -20,31 +20,25 @@ from jaxbuf.core.records import PyTree
 from jaxbuf.core.storage import TimeRingState
 
 
-def step_writer(num_envs: int, capacity: int) -> Callable:
-    """Checks steps `[num_envs, T, ...]` and writes them; returns `(state, T)`."""
-
-    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, int]:
-        spec = _storage.item_spec(state.experience, 1)
-        length = _storage.check_steps(spec, steps, num_envs, capacity)
-        return _storage.append_steps(state, steps, where), length
-
-    return write
+def write_steps(state: TimeRingState, steps: PyTree, where=None, *, num_envs: int,
+                capacity: int) -> tuple[TimeRingState, int]:  # fmt: skip
+    """Checks steps `[num_envs, T, ...]` against the ring's and writes them; returns
+    `(state, T)`."""
+    spec = _storage.item_spec(state.experience, 1)
+    length = _storage.check_steps(spec, steps, num_envs, capacity)
+    return _storage.append_steps(state, steps, where), length
 
 
-def one_step(num_envs: int) -> Callable:
-    def expand(state: TimeRingState, step: PyTree) -> PyTree:
-        return _storage.one_step(_storage.item_spec(state.experience, 1), step, num_envs)
-
-    return expand
+def one_step(state: TimeRingState, step: PyTree, *, num_envs: int) -> PyTree:
+    """One step per environment `[num_envs, ...]` as steps `[num_envs, 1, ...]`, checked."""
+    return _storage.one_step(_storage.item_spec(state.experience, 1), step, num_envs)
 
 
-def init_steps(num_envs: int, capacity: int) -> Callable:
-    def init(example_step: PyTree) -> TimeRingState:
-        spec = _validation.item_spec(example_step, "example_step")
-        experience = _storage.allocate(spec, num_envs, capacity)
-        return TimeRingState(experience=experience, **_storage.counters())
-
-    return init
+def init_steps(example_step: PyTree, *, num_envs: int, capacity: int) -> TimeRingState:
+    """An empty ring of `capacity` steps per environment shaped like `example_step`."""
+    spec = _validation.item_spec(example_step, "example_step")
+    experience = _storage.allocate(spec, num_envs, capacity)
+    return TimeRingState(experience=experience, **_storage.counters())
 
 
 def apply_done_fn(done_fn: Callable[[PyTree], jax.Array], steps: PyTree) -> jax.Array:

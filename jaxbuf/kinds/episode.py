@@ -9,6 +9,7 @@ episodes still stored, so `sample` draws uniformly among them in O(batch).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -167,39 +168,40 @@ def _oldest_record(records: EpisodeRecords, envs: jax.Array) -> jax.Array:
     return _draws.take_small(records.position - records.size, envs)
 
 
-def _writer(num_envs: int, capacity: int, done_fn):
-    write_steps = _time_ring.step_writer(num_envs, capacity)
+def write_episodes(state: TimeRingState, steps: PyTree, where=None, *, config: Settings,
+                   done_fn: Callable) -> tuple[TimeRingState, Changes]:  # fmt: skip
+    """Writes steps `[num_envs, T, ...]` and records the episodes they end; the changed
+    slots are the records pushed out and those added."""
+    capacity = config.steps_per_env
+    after, written = _time_ring.write_steps(
+        state, steps, where, num_envs=config.num_envs, capacity=capacity
+    )  # validates `steps`
+    done = _time_ring.apply_done_fn(done_fn, steps)  # [N, T]
+    done = done if where is None else done & where  # no records for steps not written
+    records = _record(state, done, capacity)
+    records = records.replace(size=records.size - _overwritten(after, records, written))
+    pushed = done.sum(axis=1, dtype=jnp.int32)
+    changes = _changes(state.side, records, pushed, written)
+    return after.replace(side=records), changes
 
-    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
-        after, written = write_steps(state, steps, where)  # validates `steps`
-        done = _time_ring.apply_done_fn(done_fn, steps)  # [N, T]
-        done = done if where is None else done & where  # no records for steps not written
-        records = _record(state, done, capacity)
-        records = records.replace(size=records.size - _overwritten(after, records, written))
-        pushed = done.sum(axis=1, dtype=jnp.int32)
-        changes = _changes(state.side, records, pushed, written)
-        return after.replace(side=records), changes
 
-    return write
-
-
-def _init(num_envs: int, capacity: int, k: int, frames: dict, goals: _goals.Hindsight | None):
-    def init(example_step: PyTree) -> TimeRingState:
-        _frames.check_leaves(frames, example_step, "the example step")
-        if goals is not None:
-            spec = _validation.item_spec(example_step, "example_step")
-            _goals.check(goals, spec, "the example step", episode=True)
-        per_env = jnp.zeros(num_envs, jnp.int32)
-        side = EpisodeRecords(
-            first_step=jnp.zeros((num_envs, k), jnp.uint32),
-            length=jnp.zeros((num_envs, k), jnp.int32),
-            position=per_env,
-            size=jnp.zeros(num_envs, jnp.int32),
-            open_start=jnp.zeros(num_envs, jnp.uint32),
-        )
-        return _time_ring.init_steps(num_envs, capacity)(example_step).replace(side=side)
-
-    return init
+def init_episodes(example_step: PyTree, *, config: Settings, frames: dict,
+                  goals: _goals.Hindsight | None) -> TimeRingState:  # fmt: skip
+    """An empty ring of steps per environment and `records` episode records each."""
+    _frames.check_leaves(frames, example_step, "the example step")
+    if goals is not None:
+        spec = _validation.item_spec(example_step, "example_step")
+        _goals.check(goals, spec, "the example step", episode=True)
+    num_envs, k = config.num_envs, config.records
+    side = EpisodeRecords(
+        first_step=jnp.zeros((num_envs, k), jnp.uint32),
+        length=jnp.zeros((num_envs, k), jnp.int32),
+        position=jnp.zeros(num_envs, jnp.int32),
+        size=jnp.zeros(num_envs, jnp.int32),
+        open_start=jnp.zeros(num_envs, jnp.uint32),
+    )
+    state = _time_ring.init_steps(example_step, num_envs=num_envs, capacity=config.steps_per_env)
+    return state.replace(side=side)
 
 
 def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, done_fn):
@@ -223,33 +225,51 @@ def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, d
     return jax.tree.map(zero_padding, experience), mask, length
 
 
+def episode_count(state: TimeRingState) -> jax.Array:
+    """int32 `[num_envs]`: the complete episodes recorded per environment."""
+    return state.side.size
+
+
+def record_of(state: TimeRingState, env: jax.Array, member: jax.Array, *,
+              records: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`(env, slot)` of environment `env`'s `member`-th recorded episode (oldest first)."""
+    return env, (_oldest_record(state.side, env) + member) % records
+
+
+def holds_record(state: TimeRingState, slots: jax.Array, *, records: int) -> jax.Array:
+    """Whether each slot holds a recorded episode."""
+    envs, slot = _storage.split(slots, records)
+    rank = (slot - _oldest_record(state.side, envs)) % records
+    return rank < _draws.take_small(state.side.size, envs)
+
+
+def read_episodes(state: TimeRingState, where: tuple, *, max_length: int, frames: dict,
+                  done_fn: Callable) -> tuple[PyTree, jax.Array, jax.Array]:  # fmt: skip
+    """The padded episodes of records `where = (envs, slots)` (`_padded`)."""
+    return _padded(state, where, max_length, frames, done_fn)
+
+
+def holds_min_episodes(state: TimeRingState, slots=None, *, min_episodes: int) -> jax.Array:
+    """bool scalar: at least `min_episodes` complete episodes are recorded."""
+    return state.side.size.sum() >= min_episodes
+
+
 def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
-    num_envs, capacity, max_length, k = (
-        config.num_envs, config.steps_per_env, config.max_length, config.records)  # fmt: skip
-
-    def slot(state, env, member):
-        return env, (_oldest_record(state.side, env) + member) % k
-
-    place, flatten = _anchors.splitter(k)
-
-    def usable(state, slots):
-        envs, slot = _storage.split(slots, k)
-        rank = (slot - _oldest_record(state.side, envs)) % k
-        return rank < _draws.take_small(state.side.size, envs)
-
+    bind = functools.partial
+    k = config.records
     return _assembly.Layout(
-        init=_init(num_envs, capacity, k, frames, goals),
-        write=_writer(num_envs, capacity, done_fn),
-        num_slots=num_envs * k,
-        groups=num_envs,
-        counts=lambda state: state.side.size,
-        slot=slot,
-        usable=usable,
-        expand=lambda state, where: _padded(state, where, max_length, frames, done_fn),
-        ready=lambda state, slots=None: state.side.size.sum() >= config.min_episodes,
-        place=place,
-        flatten=flatten,
-        one_step=_time_ring.one_step(num_envs),
+        init=bind(init_episodes, config=config, frames=frames, goals=goals),
+        write=bind(write_episodes, config=config, done_fn=done_fn),
+        num_slots=config.num_envs * k,
+        groups=config.num_envs,
+        counts=episode_count,
+        slot=bind(record_of, records=k),
+        usable=bind(holds_record, records=k),
+        expand=bind(read_episodes, max_length=config.max_length, frames=frames, done_fn=done_fn),
+        ready=bind(holds_min_episodes, min_episodes=config.min_episodes),
+        place=bind(_anchors.place, size=k),
+        flatten=bind(_anchors.flatten, size=k),
+        one_step=bind(_time_ring.one_step, num_envs=config.num_envs),
     )
 
 

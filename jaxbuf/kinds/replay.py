@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,30 +17,61 @@ from jaxbuf.core.storage import RingState
 from jaxbuf.options import wrappers as _options
 
 
+def init_ring(example: PyTree, *, capacity: int) -> RingState:
+    """An empty ring of `capacity` items shaped like `example` (one item, no batch axis)."""
+    spec = _validation.item_spec(example)
+    return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
+
+
+def write_items(state: RingState, items: PyTree, where=None, *, capacity: int,
+                truncate_ok: bool) -> tuple[RingState, Changes]:  # fmt: skip
+    """Checks items `[B, ...]` against the ring's and appends them (the oldest go first);
+    returns the state and the rows filled."""
+    spec = _storage.item_spec(state.experience, 0)
+    (batch,) = _validation.check_batch(spec, items, [("B", None)])
+    _storage.check_fits(batch, capacity, truncate_ok, "items")
+    state, rows = _storage.append(state, items, where)
+    return state, Changes(cleared=None, filled=rows)
+
+
+def stored_items(state: RingState) -> jax.Array:
+    """The drawable items: every stored one (one group)."""
+    return state.size
+
+
+def member_row(state: RingState, group: jax.Array, member: jax.Array) -> jax.Array:
+    """The row of the `member`-th drawable item: the member itself (rows from 0)."""
+    return member
+
+
+def stored_rows(state: RingState, rows: jax.Array) -> jax.Array:
+    """Whether `rows` hold stored items."""
+    return (rows >= 0) & (rows < state.size)
+
+
+def read_rows(state: RingState, rows: jax.Array) -> tuple[PyTree, None, None]:
+    """The items at `rows` `[B]`: leaves `[B, *item]` (no mask, no length)."""
+    return _storage.read(state.experience, rows), None, None
+
+
+def same_rows(rows: jax.Array) -> jax.Array:
+    """A sample's indices are rows, and rows are indices."""
+    return rows
+
+
 def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _assembly.Layout:
-    def init(example: PyTree) -> RingState:
-        spec = _validation.item_spec(example)
-        return RingState(experience=_storage.allocate(spec, capacity), **_storage.counters())
-
-    def write(state: RingState, items: PyTree, where=None) -> tuple[RingState, Changes]:
-        spec = _storage.item_spec(state.experience, 0)
-        (batch,) = _validation.check_batch(spec, items, [("B", None)])
-        _storage.check_fits(batch, capacity, truncate_ok, "items")
-        state, rows = _storage.append(state, items, where)
-        return state, Changes(cleared=None, filled=rows)
-
     return _assembly.Layout(
-        init=init,
-        write=write,
+        init=functools.partial(init_ring, capacity=capacity),
+        write=functools.partial(write_items, capacity=capacity, truncate_ok=truncate_ok),
         num_slots=capacity,
         groups=1,
-        counts=lambda state: state.size,
-        slot=lambda state, group, member: member,
-        usable=lambda state, rows: (rows >= 0) & (rows < state.size),
-        expand=lambda state, rows: (_storage.read(state.experience, rows), None, None),
-        ready=lambda state, slots=None: state.size >= min_size,
-        place=lambda rows: rows,
-        flatten=lambda rows: rows,
+        counts=stored_items,
+        slot=member_row,
+        usable=stored_rows,
+        expand=read_rows,
+        ready=functools.partial(_assembly.holds_min_size, min_size=min_size),
+        place=same_rows,
+        flatten=same_rows,
         steps_axis=0,
     )
 

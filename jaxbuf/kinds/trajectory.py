@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -79,48 +80,78 @@ def first_start(state: TimeRingState, length: int, period: int) -> tuple[jax.Arr
     return (oldest + first) % capacity, count
 
 
+def write_windows(state: TimeRingState, steps: PyTree, where=None, *, config: Settings
+                  ) -> tuple[TimeRingState, Changes]:  # fmt: skip
+    """Writes steps `[num_envs, T, ...]`; the changed slots are the window starts the
+    write completed (and the rows it overwrote)."""
+    after, written = _time_ring.write_steps(state, steps, where, num_envs=config.num_envs,
+                                            capacity=config.steps_per_env)  # fmt: skip
+    changes = _anchors.span_changes(state, after, written, config.sequence_length, config.period)
+    return after, changes
+
+
+def window_count(state: TimeRingState, *, config: Settings) -> jax.Array:
+    """int32 `[num_envs]`: the windows that start on the `period` grid in each ring."""
+    return first_start(state, config.sequence_length, config.period)[1]
+
+
+def window_start(state: TimeRingState, env: jax.Array, member: jax.Array, *,
+                 config: Settings) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`(env, time)` of environment `env`'s `member`-th window (oldest first)."""
+    first, _ = first_start(state, config.sequence_length, config.period)
+    return env, (first + member * config.period) % config.steps_per_env
+
+
+def starts_window(state: TimeRingState, slots: jax.Array, *, config: Settings) -> jax.Array:
+    """Whether each slot starts a window of stored, consecutive steps on the grid."""
+    times = slots % config.steps_per_env
+    return _anchors.valid_start(state, times, config.sequence_length, config.period)
+
+
+def read_windows(
+    state: TimeRingState,
+    where: tuple[jax.Array, jax.Array],
+    *,
+    config: Settings,
+    done_fn: Callable | None,
+    frames: dict,
+) -> tuple[PyTree, jax.Array | None, None]:
+    """The windows starting at `where = (envs, starts)` `[B]`: leaves `[B, L, ...]` (a
+    stacked leaf `[B, L, k, ...]`), and their episode mask with a `done_fn`."""
+    envs, starts = where
+    length = config.sequence_length
+    experience, mask = windows(state.experience, envs, starts, length, done_fn)
+    if frames:  # each window step's stack: [B, L, k, ...]
+        times = _anchors.window_times(starts, length, config.steps_per_env)
+        done_at = _frames.done_of(state, done_fn)
+        experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
+                                         done_at)  # fmt: skip
+    return experience, mask, None
+
+
+def init_windows(example_step: PyTree, *, config: Settings, frames: dict) -> TimeRingState:
+    """An empty ring per environment, its stacked leaves checked to hold single frames."""
+    _frames.check_leaves(frames, example_step, "the example step")
+    return _time_ring.init_steps(example_step, num_envs=config.num_envs,
+                                 capacity=config.steps_per_env)  # fmt: skip
+
+
 def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
-    num_envs, capacity, length, period = (
-        config.num_envs, config.steps_per_env, config.sequence_length, config.period)  # fmt: skip
-    write_steps = _time_ring.step_writer(num_envs, capacity)
-
-    def write(state: TimeRingState, steps: PyTree, where=None) -> tuple[TimeRingState, Changes]:
-        after, written = write_steps(state, steps, where)
-        return after, _anchors.span_changes(state, after, written, length, period)
-
-    def slot(state, env, member):
-        first, _ = first_start(state, length, period)
-        return env, (first + member * period) % capacity
-
-    def expand(state, where):
-        envs, starts = where
-        experience, mask = windows(state.experience, envs, starts, length, done_fn)
-        if frames:  # each window step's stack: [B, L, k, ...]
-            times = _anchors.window_times(starts, length, capacity)
-            done_at = _frames.done_of(state, done_fn)
-            experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
-                                             done_at)  # fmt: skip
-        return experience, mask, None
-
-    def init(example_step: PyTree) -> TimeRingState:
-        _frames.check_leaves(frames, example_step, "the example step")
-        return _time_ring.init_steps(num_envs, capacity)(example_step)
-
-    place, flatten = _anchors.splitter(capacity)
-
+    bind = functools.partial
+    size = config.steps_per_env
     return _assembly.Layout(
-        init=init,
-        write=write,
-        num_slots=num_envs * capacity,
-        groups=num_envs,
-        counts=lambda state: first_start(state, length, period)[1],
-        slot=slot,
-        usable=lambda state, slots: _anchors.valid_start(state, slots % capacity, length, period),
-        expand=expand,
-        ready=lambda state, slots=None: state.size >= config.min_size,
-        place=place,
-        flatten=flatten,
-        one_step=_time_ring.one_step(num_envs),
+        init=bind(init_windows, config=config, frames=frames),
+        write=bind(write_windows, config=config),
+        num_slots=config.num_envs * size,
+        groups=config.num_envs,
+        counts=bind(window_count, config=config),
+        slot=bind(window_start, config=config),
+        usable=bind(starts_window, config=config),
+        expand=bind(read_windows, config=config, done_fn=done_fn, frames=frames),
+        ready=bind(_assembly.holds_min_size, min_size=config.min_size),
+        place=bind(_anchors.place, size=size),
+        flatten=bind(_anchors.flatten, size=size),
+        one_step=bind(_time_ring.one_step, num_envs=config.num_envs),
     )
 
 

@@ -11,6 +11,7 @@ slots hold the final observation of every episode end still in storage.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -307,27 +308,30 @@ def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k
     return obs, next_obs
 
 
-def _init(num_envs: int, capacity: int, k: int, frames: int, goals: _goals.Hindsight | None):
-    def init(example: Transition | Mapping) -> TimeRingState:
-        example = _as_transition(example, "example")
-        _check_example(example)
-        _frames.check_single_frames("obs", frames, example.obs, "example.obs")
-        spec = _validation.item_spec(example, "example")
-        if goals is not None:
-            _goals.check(goals, spec.obs, "example.obs", episode=False)
-        per_env = jnp.zeros(num_envs, jnp.int32)
-        side = FinalObservations(
-            experience=_storage.allocate(spec.obs, num_envs, k),
-            position=per_env,
-            size=jnp.zeros(num_envs, jnp.int32),
-            added_at=jnp.zeros((num_envs, k), jnp.uint32),
-            slot_of=jnp.zeros((num_envs, capacity), _slot_dtype(k)),
-            stale=jnp.zeros(num_envs, jnp.int32),
-        )
-        stored = {name: getattr(spec, name) for name in STORED}
-        return _time_ring.init_steps(num_envs, capacity)(stored).replace(side=side)
-
-    return init
+def init_transitions(example: Transition | Mapping, *, config: Settings, frames: int,
+                     goals: _goals.Hindsight | None) -> TimeRingState:  # fmt: skip
+    """An empty ring of steps per environment and its side ring of
+    `ceil(steps_per_env / min_episode_length)` final observations, from one `Transition`
+    (or a dict with its field names) without batch axes."""
+    example = _as_transition(example, "example")
+    _check_example(example)
+    _frames.check_single_frames("obs", frames, example.obs, "example.obs")
+    spec = _validation.item_spec(example, "example")
+    if goals is not None:
+        _goals.check(goals, spec.obs, "example.obs", episode=False)
+    num_envs, capacity = config.num_envs, config.steps_per_env
+    k = math.ceil(capacity / config.min_episode_length)
+    side = FinalObservations(
+        experience=_storage.allocate(spec.obs, num_envs, k),
+        position=jnp.zeros(num_envs, jnp.int32),
+        size=jnp.zeros(num_envs, jnp.int32),
+        added_at=jnp.zeros((num_envs, k), jnp.uint32),
+        slot_of=jnp.zeros((num_envs, capacity), _slot_dtype(k)),
+        stale=jnp.zeros(num_envs, jnp.int32),
+    )
+    stored = {name: getattr(spec, name) for name in STORED}
+    state = _time_ring.init_steps(stored, num_envs=num_envs, capacity=capacity)
+    return state.replace(side=side)
 
 
 def _spec(state: TimeRingState) -> Transition:
@@ -335,71 +339,78 @@ def _spec(state: TimeRingState) -> Transition:
     return Transition(**stored, next_obs=stored["obs"])
 
 
-def _writer(num_envs: int, capacity: int, span: int):
-    def write(state: TimeRingState, steps: Transition | Mapping, where=None):
-        steps = _as_transition(steps, "steps")
-        _storage.check_steps(_spec(state), steps, num_envs, capacity)
-        side, evicted, number = _write_final(
-            state.side, state.position, state.added, steps, capacity, where
-        )
-        stored = {name: getattr(steps, name) for name in STORED}
-        after = _storage.append_steps(state, stored, where)
-        side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
-        length = jax.tree_util.tree_leaves(stored)[0].shape[1]
-        return after.replace(side=side), _anchors.span_changes(state, after, length, span)
+def write_transitions(state: TimeRingState, steps: Transition | Mapping, where=None, *,
+                      config: Settings):  # fmt: skip
+    """Writes steps `[num_envs, T, ...]`: each step's observation into the ring, the final
+    observation of each episode they end into the side ring; returns the state and the
+    starts the write completed (`n_step + 1` stored steps)."""
+    capacity = config.steps_per_env
+    steps = _as_transition(steps, "steps")
+    _storage.check_steps(_spec(state), steps, config.num_envs, capacity)
+    side, evicted, number = _write_final(
+        state.side, state.position, state.added, steps, capacity, where
+    )
+    stored = {name: getattr(steps, name) for name in STORED}
+    after = _storage.append_steps(state, stored, where)
+    side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
+    length = jax.tree_util.tree_leaves(stored)[0].shape[1]
+    return after.replace(side=side), _anchors.span_changes(state, after, length, config.n_step + 1)
 
-    return write
+
+def one_transition_step(state: TimeRingState, step: Transition | Mapping, *,
+                        num_envs: int) -> Transition:  # fmt: skip
+    """One step per environment `[num_envs, ...]` as steps `[num_envs, 1, ...]`, checked."""
+    return _storage.one_step(_spec(state), _as_transition(step, "step"), num_envs)
 
 
-def _one_step(num_envs: int):
-    def expand(state: TimeRingState, step: Transition | Mapping) -> Transition:
-        return _storage.one_step(_spec(state), _as_transition(step, "step"), num_envs)
+def start_count(state: TimeRingState, *, config: Settings) -> jax.Array:
+    """Allowed starts per environment: chronological offsets `[stale, size - n)`."""
+    return jnp.maximum(state.size - config.n_step - state.side.stale, 0)
 
-    return expand
+
+def start_of(state: TimeRingState, env: jax.Array, member: jax.Array, *,
+             config: Settings) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`(env, time)` of environment `env`'s `member`-th allowed start (oldest first)."""
+    oldest = state.position - state.size
+    time = (oldest + _draws.take_small(state.side.stale, env) + member) % config.steps_per_env
+    return env, time
+
+
+def starts_transition(state: TimeRingState, slots: jax.Array, *, config: Settings) -> jax.Array:
+    """Whether each slot starts `n_step + 1` stored steps not made stale."""
+    capacity = config.steps_per_env
+    envs, times = _storage.split(slots, capacity)
+    offset = (times - (state.position - state.size)) % capacity
+    stale = _draws.take_small(state.side.stale, envs)
+    return _anchors.valid_start(state, times, config.n_step + 1) & (offset >= stale)
+
+
+def read_transitions(
+    state: TimeRingState, where: tuple[jax.Array, jax.Array], *, config: Settings, frames: int
+) -> tuple[Transition, None, jax.Array]:
+    """The n-step transitions starting at `where = (envs, starts)` `[B]`, and the steps
+    each sums (`n_step_at`)."""
+    envs, starts = where
+    transition, length = n_step_at(state, envs, starts, config.n_step, config.discount, frames)
+    return transition, None, length
 
 
 def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
-    num_envs, capacity, n, discount = (
-        config.num_envs,
-        config.steps_per_env,
-        config.n_step,
-        config.discount,
-    )
-
-    def counts(state):
-        """Allowed starts per environment: chronological offsets `[stale, size - n)`."""
-        return jnp.maximum(state.size - n - state.side.stale, 0)
-
-    def slot(state, env, member):
-        oldest = state.position - state.size
-        return env, (oldest + _draws.take_small(state.side.stale, env) + member) % capacity
-
-    def usable(state, slots):
-        envs, times = _storage.split(slots, capacity)
-        offset = (times - (state.position - state.size)) % capacity
-        stale = _draws.take_small(state.side.stale, envs)
-        return _anchors.valid_start(state, times, n + 1) & (offset >= stale)
-
-    def expand(state, where):
-        envs, starts = where
-        transition, length = n_step_at(state, envs, starts, n, discount, k)
-        return transition, None, length
-
-    place, flatten = _anchors.splitter(capacity)
-
+    bind = functools.partial
+    size = config.steps_per_env
     return _assembly.Layout(
-        init=_init(num_envs, capacity, math.ceil(capacity / config.min_episode_length), k, goals),
-        write=_writer(num_envs, capacity, n + 1),
-        num_slots=num_envs * capacity,
-        groups=num_envs,
-        counts=counts,
-        slot=slot,
-        usable=usable,
-        expand=expand,
-        ready=lambda state, slots=None: state.size >= config.min_size,
-        place=place,
-        flatten=flatten,
-        one_step=_one_step(num_envs),
+        init=bind(init_transitions, config=config, frames=k, goals=goals),
+        write=bind(write_transitions, config=config),
+        num_slots=config.num_envs * size,
+        groups=config.num_envs,
+        counts=bind(start_count, config=config),
+        slot=bind(start_of, config=config),
+        usable=bind(starts_transition, config=config),
+        expand=bind(read_transitions, config=config, frames=k),
+        ready=bind(_assembly.holds_min_size, min_size=config.min_size),
+        place=bind(_anchors.place, size=size),
+        flatten=bind(_anchors.flatten, size=size),
+        one_step=bind(one_transition_step, num_envs=config.num_envs),
     )
 
 
