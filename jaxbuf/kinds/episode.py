@@ -257,19 +257,16 @@ def holds_min_episodes(state: TimeRingState, slots=None, *, min_episodes: int) -
 def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
     bind = functools.partial
     k = config.records
-    return _assembly.Layout(
+    return _time_ring.ring_layout(
+        num_envs=config.num_envs,
+        size=k,
         init=bind(init_episodes, config=config, frames=frames, goals=goals),
         write=bind(write_episodes, config=config, done_fn=done_fn),
-        num_slots=config.num_envs * k,
-        groups=config.num_envs,
         counts=episode_count,
         slot=bind(record_of, records=k),
         usable=bind(holds_record, records=k),
         expand=bind(read_episodes, max_length=config.max_length, frames=frames, done_fn=done_fn),
         ready=bind(holds_min_episodes, min_episodes=config.min_episodes),
-        place=bind(_anchors.place, size=k),
-        flatten=bind(_anchors.flatten, size=k),
-        one_step=bind(_time_ring.one_step, num_envs=config.num_envs),
     )
 
 

@@ -138,20 +138,16 @@ def init_windows(example_step: PyTree, *, config: Settings, frames: dict) -> Tim
 
 def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
     bind = functools.partial
-    size = config.steps_per_env
-    return _assembly.Layout(
+    return _time_ring.ring_layout(
+        num_envs=config.num_envs,
+        size=config.steps_per_env,
         init=bind(init_windows, config=config, frames=frames),
         write=bind(write_windows, config=config),
-        num_slots=config.num_envs * size,
-        groups=config.num_envs,
         counts=bind(window_count, config=config),
         slot=bind(window_start, config=config),
         usable=bind(starts_window, config=config),
         expand=bind(read_windows, config=config, done_fn=done_fn, frames=frames),
         ready=bind(_assembly.holds_min_size, min_size=config.min_size),
-        place=bind(_anchors.place, size=size),
-        flatten=bind(_anchors.flatten, size=size),
-        one_step=bind(_time_ring.one_step, num_envs=config.num_envs),
     )
 
 

@@ -397,19 +397,16 @@ def read_transitions(
 
 def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
     bind = functools.partial
-    size = config.steps_per_env
-    return _assembly.Layout(
+    return _time_ring.ring_layout(
+        num_envs=config.num_envs,
+        size=config.steps_per_env,
         init=bind(init_transitions, config=config, frames=k, goals=goals),
         write=bind(write_transitions, config=config),
-        num_slots=config.num_envs * size,
-        groups=config.num_envs,
         counts=bind(start_count, config=config),
         slot=bind(start_of, config=config),
         usable=bind(starts_transition, config=config),
         expand=bind(read_transitions, config=config, frames=k),
         ready=bind(_assembly.holds_min_size, min_size=config.min_size),
-        place=bind(_anchors.place, size=size),
-        flatten=bind(_anchors.flatten, size=size),
         one_step=bind(one_transition_step, num_envs=config.num_envs),
     )
 
