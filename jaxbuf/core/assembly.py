@@ -47,6 +47,10 @@ class Layout(NamedTuple):
     # The axis of `add`'s data along which consecutive calls' data follow each other
     # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
     steps_axis: int = 1
+    # The top-level leaf whose side ring follows it (`state.side.experience`: a
+    # transition buffer's final observations follow `obs`); options that narrow or
+    # place a leaf take its side ring along.
+    side_of: str | None = None
 
 
 def holds_min_size(state: Any, slots: jax.Array | None = None, *, min_size: int) -> jax.Array:
@@ -253,15 +257,6 @@ def bind(fn: Callable, *bound: Any) -> Callable:
     bound_fn.__doc__ = fn.__doc__
     bound_fn.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     return bound_fn
-
-
-def check_sampler(sampler: Any) -> Sampler:
-    if not isinstance(sampler, Sampler):
-        raise TypeError(
-            "sampler must be jaxbuf.uniform(...), jaxbuf.prioritized(...) or jaxbuf.epochs(), got "
-            f"{type(sampler).__name__}."
-        )
-    return sampler
 
 
 def assemble(layout: Layout, sampler: Sampler, batch: int, /, **config: Any) -> Buffer:

@@ -92,10 +92,11 @@ class Buffer(_Record):
         unless the sampler is `prioritized`.
       next_batch: `next_batch(state, key) -> (state, Sample)`, the next batch of
         the current pass; None unless the sampler is `epochs`.
-      layout: the kind's storage, anchors and unit, for transforms (`vectorize`).
+      layout: the kind's storage, anchors and unit, its options applied, for
+        transforms (`vectorize`).
       sampler: the `Sampler`, for transforms.
-      relabeling: the goal relabeling that `sample` applies (`goals=`), for
-        transforms; else None.
+      options: the options it was built with (`jaxbuf.core.pipeline.Option`), for
+        transforms to apply again to what they build.
 
     Examples:
       >>> import jax, jaxbuf
@@ -116,7 +117,7 @@ class Buffer(_Record):
     next_batch: Callable[..., Any] | None = None
     layout: Any = dataclasses.field(default=None, repr=False)
     sampler: Any = dataclasses.field(default=None, repr=False)
-    relabeling: Any = dataclasses.field(default=None, repr=False)
+    options: tuple = dataclasses.field(default=(), repr=False)
 
 
 class Sample(struct.PyTreeNode):

@@ -21,6 +21,7 @@ from flax import struct
 from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
+from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
@@ -347,22 +348,24 @@ def make_episode_buffer(
     )
     if not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config.steps_per_env)
+    options = (
+        _frames.option(stacks),
+        _goals.option(goals, _goals.episode_relabeling, max_length=config.max_length),
+        *_options.storage(storage_dtypes=storage_dtypes, host_memory=host_memory),
+    )
     _check_goals(goals, stacks)
-    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
-    layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks, goals), options)
-    buffer = _assembly.assemble(
-        layout, sampler, config.sample_batch_size, kind="episode", **config._asdict(),
-        **_time_ring.done_config(done_fn), frames=stacks or None,
-        goals=None if goals is None else goals.config, **options.config(),
+    done_seen = _options.seen_as_stored(done_fn, storage_dtypes)
+    return _pipeline.build(
+        _layout(config, done_seen, stacks, goals), sampler, config.sample_batch_size, options,
+        kind="episode", **config._asdict(), **_time_ring.done_config(done_fn),
+        frames=stacks or None, goals=None if goals is None else goals.config,
     )  # fmt: skip
-    relabeling = None if goals is None else _goals.episode_relabeling(goals, config.max_length)
-    return _goals.relabeled(buffer, relabeling)
 
 
 def _check_goals(goals: _goals.Hindsight | None, frames: dict) -> None:
-    goals = _goals.check_option(goals)
+    """What relabeling padded episodes asks of `goals` (checked already): no stacked
+    leaf on its paths."""
     if goals is None:
         return
     paths = [goals.achieved, *goals.desired, goals.reward]

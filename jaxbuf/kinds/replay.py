@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.records import Buffer, PyTree
@@ -124,9 +125,9 @@ def make_replay_buffer(
     capacity = _validation.check_int("capacity", capacity, maximum=_storage.MAX_CAPACITY)
     sample_batch_size = _validation.check_int("sample_batch_size", sample_batch_size)
     min_size = _validation.check_int("min_size", min_size)
-    sampler = _assembly.check_sampler(sampler)
+    sampler = _pipeline.check_sampler(sampler)
     truncate_ok = _validation.check_bool("truncate_ok", truncate_ok)
-    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory)
+    options = _options.storage(storage_dtypes=storage_dtypes, host_memory=host_memory)
     if min_size > capacity:
         raise ValueError(
             f"min_size={min_size} exceeds capacity={capacity}: can_sample would never be true."
@@ -136,11 +137,10 @@ def make_replay_buffer(
             f"sample_batch_size={sample_batch_size} exceeds capacity={capacity}, so a batch "
             "without replacement can never be distinct."
         )
-    layout = _options.wrap(_layout(capacity, min_size, truncate_ok), options)
-    return _assembly.assemble(
-        layout, sampler, sample_batch_size, kind="replay", capacity=capacity,
-        sample_batch_size=sample_batch_size, min_size=min_size, truncate_ok=truncate_ok,
-        **options.config(),
+    return _pipeline.build(
+        _layout(capacity, min_size, truncate_ok), sampler, sample_batch_size, options,
+        kind="replay", capacity=capacity, sample_batch_size=sample_batch_size,
+        min_size=min_size, truncate_ok=truncate_ok,
     )  # fmt: skip
 
 

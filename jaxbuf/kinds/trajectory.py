@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
@@ -233,11 +234,13 @@ def make_trajectory_buffer(
                      min_size)  # fmt: skip
     if done_fn is not None and not callable(done_fn):
         raise TypeError(f"done_fn must be callable, got {type(done_fn).__name__}.")
-    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config.steps_per_env)
-    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory)
-    layout = _options.wrap(_layout(config, options.done_fn(done_fn), stacks), options)
-    return _assembly.assemble(
-        layout, sampler, config.sample_batch_size, kind="trajectory", **config._asdict(),
-        **_time_ring.done_config(done_fn), frames=stacks or None, **options.config(),
+    options = (
+        _frames.option(stacks),
+        *_options.storage(storage_dtypes=storage_dtypes, host_memory=host_memory),
+    )
+    layout = _layout(config, _options.seen_as_stored(done_fn, storage_dtypes), stacks)
+    return _pipeline.build(
+        layout, sampler, config.sample_batch_size, options, kind="trajectory",
+        **config._asdict(), **_time_ring.done_config(done_fn), frames=stacks or None,
     )  # fmt: skip

@@ -25,6 +25,7 @@ from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
+from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
@@ -408,6 +409,7 @@ def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assemb
         expand=bind(read_transitions, config=config, frames=k),
         ready=bind(_assembly.holds_min_size, min_size=config.min_size),
         one_step=bind(one_transition_step, num_envs=config.num_envs),
+        side_of="obs",  # the final observations follow obs (and next_obs)
     )
 
 
@@ -498,31 +500,28 @@ def make_transition_buffer(
     config = _config(
         num_envs, steps_per_env, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
-    sampler = _assembly.check_sampler(sampler)
     stacks = _frames.check_frames(frames, config.steps_per_env, allowed=("obs",))
-    _check_goals(goals, config.n_step, stacks)
-    options = _options.check(storage_dtypes=storage_dtypes, host_memory=host_memory, goals=goals)
-    buffer = _assembly.assemble(
-        _options.wrap(_layout(config, stacks.get("obs", 1), goals), options, side="obs"),
-        sampler, config.sample_batch_size, kind="transition", **config._asdict(),
-        frames=stacks or None, goals=None if goals is None else goals.config,
-        **options.config(),
+    options = (
+        _frames.option(stacks, refuses={"goals": "the goal leaves live in the stacked obs"}),
+        _goals.option(goals, _goals.transition_relabeling, discount=config.discount),
+        *_options.storage(storage_dtypes=storage_dtypes, host_memory=host_memory),
+    )
+    _check_goals(goals, config.n_step)
+    return _pipeline.build(
+        _layout(config, stacks.get("obs", 1), goals), sampler, config.sample_batch_size,
+        options, kind="transition", **config._asdict(), frames=stacks or None,
+        goals=None if goals is None else goals.config,
     )  # fmt: skip
-    relabeling = None if goals is None else _goals.transition_relabeling(goals, config.discount)
-    return _goals.relabeled(buffer, relabeling)
 
 
-def _check_goals(goals: _goals.Hindsight | None, n_step: int, frames: dict) -> None:
-    goals = _goals.check_option(goals)
+def _check_goals(goals: _goals.Hindsight | None, n_step: int) -> None:
+    """What relabeling one-step transitions asks of `goals` (checked already)."""
     if goals is None:
         return
     if n_step != 1:
         raise ValueError(f"goals relabel one-step transitions; got n_step={n_step} (an n-step "
                          "return under a new goal would need every step's reward recomputed "
                          "and is off-policy biased; use n_step=1).")  # fmt: skip
-    if frames:
-        raise ValueError("goals and frames cannot be combined in a transition buffer: the "
-                         "goal leaves live in the stacked observation.")  # fmt: skip
     if goals.terminated is not None or goals.reward != ("reward",):
         raise ValueError("a transition buffer's hindsight takes no reward= or terminated= "
                          "paths: it rewrites the Transition's reward and terminated.")  # fmt: skip

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxbuf.core import hosted as _hosted
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.pipeline import Option
 from jaxbuf.core.records import PyTree
 
 
@@ -126,3 +127,10 @@ def done_of(state: Any, done_fn: Callable | None) -> Callable | None:
         return jax.vmap(done_fn)(flat).reshape(times.shape)
 
     return done_at
+
+
+def option(stacks: dict, refuses: Mapping[str, str] | None = None) -> Option | None:
+    """Frame stacking (`stacks`, from `check_frames`) as an option of the build step: the
+    kind's `expand` stacks what it reads; `refuses` names the options it cannot be
+    combined with in that kind, and why. None without frames."""
+    return Option(name="frames", refuses=refuses or {}) if stacks else None

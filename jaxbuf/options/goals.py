@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.records import Buffer, Config, PyTree, Transition, _Record
+from jaxbuf.core.pipeline import Option, Relabel
+from jaxbuf.core.records import Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -143,68 +143,22 @@ def hindsight(
     )  # fmt: skip
 
 
-class Relabeling(NamedTuple):
-    """Goal relabeling of a layout's drawn items: `choose(state, where, key) ->
-    goal_source` and `apply(state, where, experience, goal_source) -> experience`,
-    `where` as the layout's `place` gives it."""
-
-    choose: Callable[[Any, Any, jax.Array], jax.Array]
-    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
-
-
-def relabeled(buffer: Buffer, relabeling: Relabeling | None) -> Buffer:
-    """`buffer` whose `sample` and `next_batch` relabel what they draw (the key split
-    into the draw's and the relabeling's) and whose `take` relabels given a sample's
-    `goal_source`; `buffer` itself without a relabeling."""
-    if relabeling is None:
-        return buffer
-    layout, sample, advance, take = buffer.layout, buffer.sample, buffer.next_batch, buffer.take
-
-    def relabel(state, batch, key: jax.Array):
-        where = layout.place(batch.indices)
-        goal_source = relabeling.choose(state, where, key)
-        experience = relabeling.apply(state, where, batch.experience, goal_source)
-        return batch.replace(experience=experience, goal_source=goal_source)
-
-    def drawn(state, key, **options):
-        key, goal_key = jax.random.split(key)
-        return relabel(state, sample(state, key, **options), goal_key)
-
-    def next_batch(state, key):
-        assert advance is not None
-        key, goal_key = jax.random.split(key)
-        after, batch = advance(state, key)
-        return after, relabel(state, batch, goal_key)
-
-    def taken(state, indices, goal_source=None):
-        experience = take(state, indices)
-        if goal_source is None:
-            return experience
-        where = _assembly.place(layout, indices)
-        expected = jax.eval_shape(relabeling.choose, state, where, jax.random.key(0)).shape
-        source = jnp.asarray(goal_source)
-        if source.shape != expected or not jnp.issubdtype(source.dtype, jnp.integer):
-            raise TypeError(f"goal_source must be an integer array {list(expected)} (a "
-                            f"sample's), got {source.dtype}{list(source.shape)}.")  # fmt: skip
-        return relabeling.apply(state, where, experience, source.astype(jnp.int32))
-
-    return buffer.replace(
-        sample=_assembly.wrapped(drawn, sample), take=_assembly.wrapped(taken, take),
-        next_batch=None if advance is None else _assembly.wrapped(next_batch, advance),
-        relabeling=relabeling,
-    )  # fmt: skip
+# Why goal relabeling refuses each storage option: both change the stored goals it reads.
+REFUSES = {
+    "storage_dtypes": "the reward function reads the stored goals, which must keep their dtype",
+    "host_memory": "goal relabeling reads stored goals with gathers, which host memory refuses; "
+    "keep the observations in device memory",
+}
 
 
-def check_alone(goals: Any, **options: Any) -> None:
-    """Raises where goal relabeling meets an option it cannot be combined with, given
-    (`storage_dtypes`, `host_memory`): both change the stored goals it reads."""
-    why = {"host_memory": "goal relabeling reads stored goals with gathers, which host memory "
-                          "refuses; keep the observations in device memory",
-           "storage_dtypes": "the reward function reads the stored goals, which must keep "
-                             "their dtype"}  # fmt: skip
-    for name, value in options.items():
-        if value and goals is not None:
-            raise ValueError(f"{name} and goals cannot be combined: {why[name]}.")
+def option(goals: Any, relabeling: Callable[..., Relabel], **settings: Any) -> Option | None:
+    """Goal relabeling (`goals`, checked: None or a `Hindsight`) as an option of the
+    build step, rewriting what is drawn with `relabeling(goals, **settings)`
+    (`transition_relabeling` or `episode_relabeling`); None without goals."""
+    goals = check_option(goals)
+    if goals is None:
+        return None
+    return Option(name="goals", refuses=REFUSES, relabel=relabeling(goals, **settings))
 
 
 def check_option(goals: Any) -> Hindsight | None:
@@ -374,8 +328,8 @@ def _achieved_after(state: Any, goals: Hindsight, envs: jax.Array, times: jax.Ar
     return _where(ended, final, following)
 
 
-def transition_relabeling(goals: Hindsight, discount: float) -> Relabeling:
-    """Relabeling of one-step transitions `where = (envs, start times)`."""
+def transition_relabeling(goals: Hindsight, discount: float) -> Relabel:
+    """Relabel of one-step transitions `where = (envs, start times)`."""
 
     def choose(state, where, key):
         envs, times = where
@@ -406,7 +360,7 @@ def transition_relabeling(goals: Hindsight, discount: float) -> Relabeling:
         )  # fmt: skip
         return jax.tree.map(lambda new, old: _where(relabel, new, old), relabeled, experience)
 
-    return Relabeling(choose, apply)
+    return Relabel(choose, apply)
 
 
 def _put_goal(tree: PyTree, goals: Hindsight, goal: jax.Array) -> PyTree:
@@ -419,8 +373,8 @@ def _clamped(goal_source: jax.Array, steps: int) -> jax.Array:
     return jnp.clip(goal_source, 0, steps - 1)
 
 
-def episode_relabeling(goals: Hindsight, max_length: int) -> Relabeling:
-    """Relabeling of every step of padded episodes `where = (envs, record slots)`."""
+def episode_relabeling(goals: Hindsight, max_length: int) -> Relabel:
+    """Relabel of every step of padded episodes `where = (envs, record slots)`."""
 
     def start_and_length(state, envs, slots):
         capacity = _storage.capacity_of(state.experience, 1)
@@ -450,7 +404,7 @@ def episode_relabeling(goals: Hindsight, max_length: int) -> Relabeling:
             relabeled = put(relabeled, goals.terminated, _terminal(goals, reward, axes=2))
         return jax.tree.map(lambda new, old: _where(relabel, new, old), relabeled, experience)
 
-    return Relabeling(choose, apply)
+    return Relabel(choose, apply)
 
 
 def _steps(state: Any) -> int:

@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.assembly import Layout
+from jaxbuf.core.pipeline import Option, Relabel
 from jaxbuf.core.records import Buffer, PyTree, Sample
 from jaxbuf.core.samplers import Changes
-from jaxbuf.options import goals as _goals
 
 
 def _inner(state):
@@ -100,23 +101,28 @@ def lift(layout: Layout, count: int) -> Layout:
         slot=slot, usable=usable, expand=expand, ready=ready, place=place,
         flatten=lambda where: where[0] * slots + layout.flatten(where[1]),
         one_step=None if layout.one_step is None else one_step,
-        steps_axis=layout.steps_axis + 1,
+        steps_axis=layout.steps_axis + 1, side_of=layout.side_of,
     )  # fmt: skip
 
 
-def _lift_goals(goals: _goals.Relabeling) -> _goals.Relabeling:
-    """Relabeling of items `(buffer, local where)`, each in its own buffer."""
+def _lift_option(option: Option) -> Option:
+    """An option of the single buffer, for the stacked ones: its layout wrapper is in
+    the lifted layout already; its rewrite of drawn items `(buffer, local where)` runs
+    on each item's own buffer."""
+    if option.relabel is None:
+        return option
+    relabel = option.relabel
 
     def choose(state, where, key):
         which, local = where
-        return _pick(jax.vmap(lambda s: goals.choose(s, local, key))(_inner(state)), which)
+        return _pick(jax.vmap(lambda s: relabel.choose(s, local, key))(_inner(state)), which)
 
-    def apply(state, where, experience, goal_source):
+    def apply(state, where, experience, source):
         which, local = where
-        per = jax.vmap(lambda s: goals.apply(s, local, experience, goal_source))(_inner(state))
+        per = jax.vmap(lambda s: relabel.apply(s, local, experience, source))(_inner(state))
         return _pick(per, which)
 
-    return _goals.Relabeling(choose, apply)
+    return option._replace(relabel=Relabel(choose, apply))
 
 
 def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
@@ -172,8 +178,8 @@ def vectorize(buffer: Buffer, num_buffers: int) -> Buffer:
         lift(buffer.layout, num_buffers), buffer.sampler, buffer.config.sample_batch_size,
         **config, num_buffers=num_buffers,
     )  # fmt: skip
-    relabeling = None if buffer.relabeling is None else _lift_goals(buffer.relabeling)
-    return _goals.relabeled(_with_source(stacked, num_slots), relabeling)
+    options = tuple(_lift_option(option) for option in buffer.options)
+    return _pipeline.reapplied(_with_source(stacked, num_slots).replace(options=options), options)
 
 
 def _with_source(buffer: Buffer, slots: int) -> Buffer:
