@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from jaxbuf import _public
 
 if TYPE_CHECKING:
+    from jaxbuf.core.contracts import Sampler as Sampler
     from jaxbuf.core.footprint import MemoryReport as MemoryReport
     from jaxbuf.core.records import AddFn as AddFn
     from jaxbuf.core.records import BufferLike as BufferLike
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from jaxbuf.core.records import SampleFn as SampleFn
     from jaxbuf.core.samplers import EpochState as EpochState
     from jaxbuf.core.samplers import PriorityState as PriorityState
-    from jaxbuf.core.samplers import Sampler as Sampler
     from jaxbuf.core.storage import RingState as RingState
     from jaxbuf.core.storage import TimeRingState as TimeRingState
     from jaxbuf.kinds.episode import EpisodeRecords as EpisodeRecords

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf.core import storage as _storage
-from jaxbuf.core.samplers import Changes
+from jaxbuf.core.contracts import Changes
 
 
 def place(slots: jax.Array, *, size: int) -> tuple[jax.Array, jax.Array]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,32 +25,8 @@ import jax.numpy as jnp
 from jaxbuf.core import footprint as _footprint
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Changes, Drawn, Layout, Sampler
 from jaxbuf.core.records import Buffer, Config, PyTree, Sample
-from jaxbuf.core.samplers import Changes, Drawn, Sampler
-
-
-class Layout(NamedTuple):
-    """A sampled kind's storage, anchors and unit (see the module docstring)."""
-
-    init: Callable[[PyTree], Any]
-    write: Callable[..., tuple[Any, Changes]]  # (state, data, where=None)
-    num_slots: int
-    groups: int
-    counts: Callable[[Any], jax.Array]
-    slot: Callable[[Any, jax.Array, jax.Array], Any]
-    usable: Callable[[Any, jax.Array], jax.Array]
-    expand: Callable[[Any, Any], tuple[PyTree, jax.Array | None, jax.Array | None]]
-    ready: Callable[..., jax.Array]
-    place: Callable[[jax.Array], Any]
-    flatten: Callable[[Any], jax.Array]
-    one_step: Callable[[Any, PyTree], PyTree] | None = None
-    # The axis of `add`'s data along which consecutive calls' data follow each other
-    # (`jaxbuf.blocks`): 0 for items `[B, ...]`, 1 for steps `[num_envs, T, ...]`.
-    steps_axis: int = 1
-    # The top-level leaf whose side ring follows it (`state.side.experience`: a
-    # transition buffer's final observations follow `obs`); options that narrow or
-    # place a leaf take its side ring along.
-    side_of: str | None = None
 
 
 def holds_min_size(state: Any, slots: jax.Array | None = None, *, min_size: int) -> jax.Array:

@@ -13,39 +13,19 @@ builds without knowing any option.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxbuf.core import assembly as _assembly
-from jaxbuf.core.assembly import Layout
-from jaxbuf.core.records import Buffer, PyTree
-from jaxbuf.core.samplers import Sampler
+from jaxbuf.core.contracts import Layout, Option, Relabel, Sampler
+from jaxbuf.core.records import Buffer
 
 # The order in which options wrap a layout: frames read stored steps, goals rewrite what
 # was drawn, precision narrows what is written, host memory places what was narrowed.
 ORDER = ("frames", "goals", "storage_dtypes", "host_memory")
-
-
-class Relabel(NamedTuple):
-    """A rewrite of drawn items: `choose(state, where, key) -> source` and
-    `apply(state, where, experience, source) -> experience`, `where` as the layout's
-    `place` gives it (goal relabeling: `source` is the sample's `goal_source`)."""
-
-    choose: Callable[[Any, Any, jax.Array], jax.Array]
-    apply: Callable[[Any, Any, PyTree, jax.Array], PyTree]
-
-
-class Option(NamedTuple):
-    """One option of a buffer (see the module docstring)."""
-
-    name: str
-    config: Mapping[str, Any] = {}
-    refuses: Mapping[str, str] = {}  # the options it cannot be combined with, and why
-    layout: Callable[[Layout], Layout] | None = None
-    relabel: Relabel | None = None
 
 
 def refuse_combinations(options: Iterable[Option]) -> None:

@@ -12,8 +12,6 @@ drawable (`Changes`).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,7 +22,8 @@ from flax import struct
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import permutation as _permutation
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.records import Config, PyTree, _Record
+from jaxbuf.core.contracts import Changes, Drawn, Sampler
+from jaxbuf.core.records import Config
 from jaxbuf.core.sumtree import tree as _sumtree
 
 
@@ -54,41 +53,14 @@ class PriorityState(struct.PyTreeNode):
     rejected: jax.Array
 
 
-class Changes(struct.PyTreeNode):
-    """Which slots an `add` made undrawable (`cleared`, distinct where not -1) and
-    drawable (`filled` where `keep`, distinct); int32 arrays, or None for none."""
-
-    cleared: jax.Array | None
-    filled: jax.Array
-    keep: jax.Array | None = None
+def _no_state(num_slots: int, groups: int) -> None:
+    """The uniform sampler keeps no state."""
+    return None
 
 
-class Drawn(struct.PyTreeNode):
-    slots: jax.Array
-    where: Any
-    valid: jax.Array
-    probabilities: jax.Array | None = None
-    weights: jax.Array | None = None
-    state: Any = None  # the sampler's state after the draw, for samplers that advance
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampler(_Record):
-    """The pure functions of a sampler (see the module docstring).
-
-    Examples:
-      >>> import jaxbuf
-      >>> jaxbuf.prioritized(priority_exponent=0.5).config
-      Config(kind='prioritized', priority_exponent=0.5, stratified=True)
-    """
-
-    config: Config
-    init: Callable[[int, int], PyTree]  # (num_slots, groups)
-    draw: Callable[..., Drawn]
-    after_add: Callable[[PyTree, Changes], PyTree]
-    available: Callable[[Any, Any], jax.Array]
-    set_priorities: Callable[..., Any] | None = None
-    advances: bool = False  # whether a draw moves the sampler on (`next_batch`)
+def _unchanged(state: None, changes: Changes) -> None:
+    """An add changes nothing the uniform sampler keeps."""
+    return state
 
 
 def uniform(replacement: bool = True) -> Sampler:
@@ -137,7 +109,8 @@ def uniform(replacement: bool = True) -> Sampler:
         return jnp.sum(layout.counts(state)) > 0
 
     config = Config(kind="uniform", replacement=replacement)
-    return Sampler(config, lambda num_slots, groups: None, draw, lambda s, changes: s, available)
+    return Sampler(config=config, init=_no_state, draw=draw, after_add=_unchanged,
+                   available=available)  # fmt: skip
 
 
 def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Sampler:
@@ -230,7 +203,8 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
         return state.replace(sampler=_update(state.sampler, slots, priorities, allowed, alpha))
 
     config = Config(kind="prioritized", priority_exponent=alpha, stratified=stratified)
-    return Sampler(config, init, draw, after_add, available, set_priorities)
+    return Sampler(config=config, init=init, draw=draw, after_add=after_add, available=available,
+                   set_priorities=set_priorities)  # fmt: skip
 
 
 def _check_update(indices: Any, priorities: Any) -> tuple[jax.Array, jax.Array]:
@@ -440,7 +414,8 @@ def epochs() -> Sampler:
         return jnp.sum(layout.counts(state)) > 0
 
     config = Config(kind="epochs")
-    return Sampler(config, init, draw, after_add, available, advances=True)
+    return Sampler(config=config, init=init, draw=draw, after_add=after_add, available=available,
+                   advances=True)  # fmt: skip
 
 
 def _span(layout) -> int:

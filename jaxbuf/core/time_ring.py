@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf.core import anchors as _anchors
-from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
@@ -44,14 +44,14 @@ def init_steps(example_step: PyTree, *, num_envs: int, capacity: int) -> TimeRin
     return TimeRingState(experience=experience, **_storage.counters())
 
 
-def ring_layout(*, num_envs: int, size: int, **parts: Any) -> _assembly.Layout:
+def ring_layout(*, num_envs: int, size: int, **parts: Any) -> _contracts.Layout:
     """The layout of a kind with `size` anchors per environment (steps or episode
     records): slots `env * size + anchor`, one group per environment, and one step per
     environment written as steps `[num_envs, 1, ...]` unless `parts` gives `one_step`;
     `parts` gives the kind's own functions (init, write, counts, slot, usable, expand,
     ready)."""
     parts.setdefault("one_step", functools.partial(one_step, num_envs=num_envs))
-    return _assembly.Layout(
+    return _contracts.Layout(
         num_slots=num_envs * size,
         groups=num_envs,
         place=functools.partial(_anchors.place, size=size),

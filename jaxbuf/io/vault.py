@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuf.core import storage as _storage
-from jaxbuf.core.assembly import Layout
+from jaxbuf.core.contracts import Layout
 from jaxbuf.core.records import Buffer, PyTree
 from jaxbuf.kinds import replay as _replay
 

@@ -19,14 +19,15 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuf.core import anchors as _anchors
-from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Changes, Sampler
 from jaxbuf.core.records import Buffer, PyTree
-from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.samplers import uniform
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
@@ -255,7 +256,7 @@ def holds_min_episodes(state: TimeRingState, slots=None, *, min_episodes: int) -
     return state.side.size.sum() >= min_episodes
 
 
-def _layout(config: Settings, done_fn, frames: dict, goals) -> _assembly.Layout:
+def _layout(config: Settings, done_fn, frames: dict, goals) -> _contracts.Layout:
     bind = functools.partial
     k = config.records
     return _time_ring.ring_layout(

@@ -9,11 +9,13 @@ from typing import Any
 import jax
 
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Changes, Sampler
 from jaxbuf.core.records import Buffer, PyTree
-from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.samplers import uniform
 from jaxbuf.core.storage import RingState
 from jaxbuf.options import wrappers as _options
 
@@ -60,8 +62,8 @@ def same_rows(rows: jax.Array) -> jax.Array:
     return rows
 
 
-def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _assembly.Layout:
-    return _assembly.Layout(
+def _layout(capacity: int, min_size: int, truncate_ok: bool) -> _contracts.Layout:
+    return _contracts.Layout(
         init=functools.partial(init_ring, capacity=capacity),
         write=functools.partial(write_items, capacity=capacity, truncate_ok=truncate_ok),
         num_slots=capacity,

@@ -11,12 +11,14 @@ import jax.numpy as jnp
 
 from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Changes, Sampler
 from jaxbuf.core.records import Buffer, PyTree
-from jaxbuf.core.samplers import Changes, Sampler, uniform
+from jaxbuf.core.samplers import uniform
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import wrappers as _options
@@ -137,7 +139,7 @@ def init_windows(example_step: PyTree, *, config: Settings, frames: dict) -> Tim
                                  capacity=config.steps_per_env)  # fmt: skip
 
 
-def _layout(config: Settings, done_fn, frames: dict) -> _assembly.Layout:
+def _layout(config: Settings, done_fn, frames: dict) -> _contracts.Layout:
     bind = functools.partial
     return _time_ring.ring_layout(
         num_envs=config.num_envs,

@@ -23,14 +23,16 @@ from flax import struct
 
 from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
+from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Sampler
 from jaxbuf.core.records import Buffer, PyTree, Transition
-from jaxbuf.core.samplers import Sampler, uniform
+from jaxbuf.core.samplers import uniform
 from jaxbuf.core.storage import TimeRingState
 from jaxbuf.options import frames as _frames
 from jaxbuf.options import goals as _goals
@@ -396,7 +398,7 @@ def read_transitions(
     return transition, None, length
 
 
-def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _assembly.Layout:
+def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _contracts.Layout:
     bind = functools.partial
     return _time_ring.ring_layout(
         num_envs=config.num_envs,

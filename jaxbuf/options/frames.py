@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jaxbuf.core import hosted as _hosted
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.pipeline import Option
+from jaxbuf.core.contracts import Option
 from jaxbuf.core.records import PyTree
 
 

@@ -34,7 +34,7 @@ from jaxbuf.core import draws as _draws
 from jaxbuf.core import lowering as _lowering
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.pipeline import Option, Relabel
+from jaxbuf.core.contracts import Option, Relabel
 from jaxbuf.core.records import Config, PyTree, Transition, _Record
 
 STRATEGIES = ("future", "final", "episode")

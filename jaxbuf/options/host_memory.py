@@ -70,7 +70,7 @@ def place(experience: PyTree, names: tuple[str, ...]) -> PyTree:
 
 
 def hosted_layout(layout: Any, names: tuple[str, ...], side: str | None = None) -> Any:
-    """`layout` (a `_assembly.Layout`) whose `init` allocates the named experience
+    """`layout` (a `_contracts.Layout`) whose `init` allocates the named experience
     leaves in host memory; its `write` and `expand` keep them there (see
     `_storage.write` and `_storage.read`). With `side` among `names`, the state's
     side ring of that leaf (`state.side.experience`, the transition buffer's final

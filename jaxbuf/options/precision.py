@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuf.core.assembly import Layout
+from jaxbuf.core.contracts import Layout
 from jaxbuf.core.records import PyTree
 
 NARROW = {"bfloat16": jnp.dtype(jnp.bfloat16), "float16": jnp.dtype(jnp.float16)}

@@ -20,8 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from jaxbuf.core.assembly import Layout
-from jaxbuf.core.pipeline import Option
+from jaxbuf.core.contracts import Layout, Option
 from jaxbuf.options import host_memory as _host_memory
 from jaxbuf.options import precision as _precision
 

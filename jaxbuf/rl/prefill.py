@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.assembly import Layout
+from jaxbuf.core.contracts import Layout
 from jaxbuf.core.records import PyTree, Transition
 
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.assembly import Layout
+from jaxbuf.core.contracts import Layout
 from jaxbuf.core.records import Buffer, BufferLike, Config, PyTree, Sample, _Record
 from jaxbuf.core.samplers import check_priority_pairs
 from jaxbuf.kinds.queue import Queue

@@ -16,10 +16,8 @@ from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.assembly import Layout
-from jaxbuf.core.pipeline import Option, Relabel
+from jaxbuf.core.contracts import Changes, Layout, Option, Relabel
 from jaxbuf.core.records import Buffer, PyTree, Sample
-from jaxbuf.core.samplers import Changes
 
 
 def _inner(state):
