@@ -114,6 +114,11 @@ def test_the_default_transition_buffer_stores_observations_about_once_and_says_f
                              step)  # fmt: skip
     assert lossless.sized_for_episodes is None and lossless.per_stored_step > 500
     assert jaxbuf.make_transition_buffer(2, 6, 4).config.min_episode_length == 6  # at most steps
+    # samplers that keep a record per slot would still draw steps made unsampleable
+    for sampler, expected in ((jaxbuf.prioritized(), 1), (jaxbuf.epochs(), 1),
+                              (jaxbuf.uniform(replacement=False), 10)):  # fmt: skip
+        buffer = jaxbuf.make_transition_buffer(8, 100, 4, sampler=sampler)
+        assert buffer.config.min_episode_length == expected, sampler.config
 
 
 def test_episodes_shorter_than_the_default_are_counted_where_the_report_points():

@@ -39,8 +39,10 @@ from jaxbuf.options import goals as _goals
 from jaxbuf.options import wrappers as _options
 
 STORED = ("obs", "action", "reward", "terminated", "truncated")
-# The side ring's default size: one final observation per this many stored steps (about
-# 1.1 observations per stored step); episodes this long or longer lose nothing.
+# The side ring's default size with the uniform sampler: one final observation per this
+# many stored steps (about 1.1 observations per stored step); episodes this long or longer
+# lose nothing. The samplers that keep a record per slot (prioritized, epochs) would still
+# draw the steps a lost final observation leaves unsampleable: they keep every one (1).
 MIN_EPISODE_LENGTH = 10
 
 
@@ -437,8 +439,10 @@ def make_transition_buffer(
     flags and a 1-4 byte side-ring slot) plus `K = ceil(steps_per_env /
     min_episode_length)` final observations, i.e. about `1 + 1 / min_episode_length`
     observations per stored step, where a buffer of full transitions keeps 2.
-    The default, `min_episode_length=10` (or `steps_per_env` where smaller), holds about
-    1.1 and loses nothing while the stored episodes average 10 steps or more. If
+    The default with the uniform sampler, `min_episode_length=10` (or `steps_per_env`
+    where smaller), holds about 1.1 and loses nothing while the stored episodes average 10
+    steps or more (with `prioritized` or `epochs`, which keep a record per slot, the
+    default is 1). If
     they are shorter, the oldest final observations are overwritten first and the
     steps that would need them are no longer sampled: `state.side.stale` counts
     them per environment, and the buffer holds fewer usable steps, never wrong
@@ -457,7 +461,7 @@ def make_transition_buffer(
       discount: the per-step discount gamma, in [0, 1].
       min_episode_length: the average episode length (in steps) the side ring is
         sized for, at least 1 and at most `steps_per_env`; default 10 (or
-        `steps_per_env`).
+        `steps_per_env`) with the uniform sampler, 1 with the others.
       min_size: steps per environment from which `can_sample` is true; at least
         (and by default) `n_step + 1`.
       frames: `{"obs": k}`: `obs` and `next_obs` come as stacks of `k` frames,
@@ -499,6 +503,9 @@ def make_transition_buffer(
       >>> batch.experience.reward.tolist(), batch.experience.discount.tolist()
       ([1.75, 1.75, 1.75, 1.75], [0.125, 0.125, 0.125, 0.125])
     """
+    sampler = _pipeline.check_sampler(sampler)
+    if min_episode_length is None and sampler.config.kind != "uniform":
+        min_episode_length = 1  # its slots stay drawable: keep every final observation
     config = _config(
         num_envs, steps_per_env, sample_batch_size, n_step, discount, min_episode_length, min_size
     )
