@@ -101,8 +101,8 @@ def hosted_paths(state: Any, buffer: Any = None) -> set[str]:
     config = {} if buffer is None else dict(buffer.config)
     names = tuple(config.get("host_memory", ()))
     inside = tuple(f".experience['{name}']" for name in names)
-    if "obs" in names and config.get("kind") == "transition":
-        inside += (".side.experience",)  # its final observations
+    if getattr(getattr(buffer, "layout", None), "side_of", None) in names:
+        inside += (".side.experience",)  # the side ring that follows a named leaf
     prefixes = tuple(root + path for root in _buffer_states(state) for path in inside)
     found = set()
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
