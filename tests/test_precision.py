@@ -207,6 +207,23 @@ def test_subnormals_and_every_bit_pattern_round_as_numpy_rounds_them(name):
         assert (got[[0, 1, 2, 3, 5]] != 0).all() and got[4] == 0  # -1e-45 rounds to -0
 
 
+def test_bfloat16_rounds_exact_ties_to_even_for_both_signs():
+    """Exact ties (the low 16 bits 0x8000), which random bit patterns almost never draw:
+    the kept half rounds to the even one, up in magnitude from an odd one, never away
+    from zero from an even one, whatever the sign (integer arithmetic, not NumPy's cast)."""
+    highs = np.array([0x3F80, 0x3F81, 0x4000, 0x4001, 0x0000, 0x0001, 0x7F00, 0x7F01],
+                     np.uint32)  # fmt: skip
+    highs = np.concatenate([highs, highs | 0x8000])  # both signs
+    ties = ((highs << 16) | 0x8000).view(np.float32)
+    buffer = jaxbuf.make_replay_buffer(ties.size, 2, storage_dtypes={"x": "bfloat16"})
+    state = jax.jit(buffer.add)(buffer.init({"x": jnp.float32(0)}), {"x": ties})
+    got = np.asarray(buffer.take(state, jnp.arange(ties.size))["x"]).view(np.uint32)
+    want = np.where(highs % 2 == 0, highs, highs + 1) << 16
+    np.testing.assert_array_equal(got, want)
+    away = np.where(highs % 2 == 0, highs + 1, highs + 1) << 16  # ties away from zero
+    assert (got != away).any()  # the check tells the two roundings apart
+
+
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
 
 
