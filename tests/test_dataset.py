@@ -129,6 +129,9 @@ def test_dataset_errors_are_named(tmp_path):
         jaxbuf.io.read_dataset(tmp_path / "data", 0, 3)
     with pytest.raises(FileNotFoundError, match="holds no jaxbuf dataset"):
         jaxbuf.io.read_dataset(tmp_path / "nothing")
+    for other in (jaxbuf.vectorize(buffer, 2), jaxbuf.make_trajectory_buffer(2, 8, 2, 2)):
+        with pytest.raises(TypeError, match=re.escape("dataset_to_state fills a replay buffer")):
+            jaxbuf.io.dataset_to_state(tmp_path / "data", other)
 
 
 def test_include_stored_on_a_wrapped_buffer_writes_the_stored_items_oldest_first(tmp_path):

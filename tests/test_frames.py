@@ -54,12 +54,15 @@ def test_trajectory_windows_stack_frames_as_the_reference(seed):
                 assert batch.experience["obs"][row, step].tolist() == want
 
 
-@pytest.mark.parametrize(("seed", "n"), [(0, 1), (1, 1), (2, 2), (3, 2), (4, 3)])
-def test_transition_obs_and_next_obs_stacks_match_the_reference(seed, n):
+CASES = [(0, 1, K), (1, 1, K), (2, 2, K), (3, 2, K), (4, 3, K), (5, 1, 1), (6, 2, 1)]
+
+
+@pytest.mark.parametrize(("seed", "n", "k"), CASES)
+def test_transition_obs_and_next_obs_stacks_match_the_reference(seed, n, k):
     """n = 1 builds the next stack from the first one moved on by a step; n > 1
-    gathers it apart."""
+    gathers it apart; k = 1 gives stacks of one frame, `[B, 1]`."""
     rng = np.random.default_rng(10 + seed)
-    buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY, 64, n_step=n, frames={"obs": K})
+    buffer = jaxbuf.make_transition_buffer(ENVS, CAPACITY, 64, n_step=n, frames={"obs": k})
     add, sample = jax.jit(buffer.add), jax.jit(buffer.sample)
     chunks, ids, done = history(rng, 12)
     truncated = done & (rng.random(done.shape) < 0.5)
@@ -79,12 +82,12 @@ def test_transition_obs_and_next_obs_stacks_match_the_reference(seed, n):
         for row in np.flatnonzero(batch.valid):
             env, i = divmod(int(batch.experience.action[row]), 1000)
             assert batch.experience.obs[row].tolist() == reference_stack(
-                ids[env], done[env], i, K, oldest)  # fmt: skip
+                ids[env], done[env], i, k, oldest)  # fmt: skip
             end = next((j for j in range(i, i + n) if done[env, j]), None)
             if end is None:
-                want = reference_stack(ids[env], done[env], i + n, K, oldest)
+                want = reference_stack(ids[env], done[env], i + n, k, oldest)
             else:
-                want = [*reference_stack(ids[env], done[env], end, K - 1, oldest), -ids[env, end]]
+                want = [*reference_stack(ids[env], done[env], end, k - 1, oldest), -ids[env, end]]
             assert batch.experience.next_obs[row].tolist() == want
 
 

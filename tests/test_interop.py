@@ -122,6 +122,14 @@ KIND_NAMES = "['episode', 'queue', 'replay', 'rollout', 'trajectory', 'transitio
 CONFIGS = {
     "replay": {"kind": "replay", "capacity": 1000, "sample_batch_size": 32, "min_size": 10},
     "vectorized": {"kind": "replay", "capacity": 100, "sample_batch_size": 8, "num_buffers": 4},
+    "vectorized trajectory": {
+        "kind": "trajectory",
+        "num_envs": 2,
+        "steps_per_env": 16,
+        "sample_batch_size": 4,
+        "sequence_length": 3,
+        "num_buffers": 3,
+    },
     "rollout": {
         "kind": "rollout",
         "num_steps": 128,
@@ -227,6 +235,7 @@ def toml(value):
         ),
         (CONFIGS["rollout"] | {"discount": "0.99"}, TypeError, "discount must be a number in"),
         (CONFIGS["vectorized"] | {"num_buffers": 0}, ValueError, "num_buffers must be in [1,"),
+        (CONFIGS["queue"] | {"num_buffers": 2}, TypeError, "vectorize takes a sampled buffer"),
         ([1, 2], TypeError, "a buffer configuration is a mapping, got list"),
     ],
 )

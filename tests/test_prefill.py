@@ -28,7 +28,7 @@ def buffer_of(kind):
 
 def python_loop(buffer, state, key, env, kind):
     """What prefill promises, one Python step at a time with the same keys."""
-    record = jaxbuf.rl.prefill.record_step(kind)
+    record = jaxbuf.rl.prefill.record_step(buffer)
     reset_key, run_key = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, ENVS))
     ends = 0
@@ -50,7 +50,7 @@ def test_prefill_equals_a_python_loop_over_the_same_environment(kind):
     env, buffer = environment(), buffer_of(kind)
     obs = jnp.zeros(4)
     no = jnp.bool_(False)
-    example = jaxbuf.rl.prefill.record_step(kind)(obs, jnp.int32(0), jnp.float32(0), no, no, obs)
+    example = jaxbuf.rl.prefill.record_step(buffer)(obs, jnp.int32(0), jnp.float32(0), no, no, obs)
     state = buffer.init(example)
     key = jax.random.key(7)
     filled = jax.jit(lambda s, k: jaxbuf.envs.prefill(buffer, s, k, env, STEPS, num_envs=ENVS),
@@ -72,9 +72,7 @@ def test_true_final_observations_are_recorded_at_truncations():
     env, buffer = environment(), buffer_of("replay")
     obs = jnp.zeros(4)
     no = jnp.bool_(False)
-    example = jaxbuf.rl.prefill.record_step("replay")(
-        obs, jnp.int32(0), jnp.float32(0), no, no, obs
-    )
+    example = jaxbuf.rl.prefill.record_step(buffer)(obs, jnp.int32(0), jnp.float32(0), no, no, obs)
     state = jaxbuf.envs.prefill(
         buffer, buffer.init(example), jax.random.key(0), env, 40, num_envs=2
     )

@@ -1,6 +1,7 @@
 """The contract records between the parts of a sampled buffer, in one place.
 
-A kind describes its storage, anchors and unit as a `Layout`; a sampler is a `Sampler`
+A kind describes its storage, anchors and unit as a `Layout` (the frames it stacks as
+`StackRead`s); a sampler is a `Sampler`
 record of pure functions over it, told on every `add` which slots changed (`Changes`) and
 answering a draw with a `Drawn`; an option is an `Option`, whose rewrite of what is drawn
 is a `Relabel`. Each is built by keyword (`Layout(init=..., write=..., ...)`); the modules
@@ -42,6 +43,26 @@ class Layout(NamedTuple):
     # transition buffer's final observations follow `obs`); options that narrow or
     # place a leaf take its side ring along.
     side_of: str | None = None
+    # Where the frames stacked for a drawn item come from (`frames=`): `(state, where,
+    # drawn, stacks) -> {leaf: StackRead}`, `drawn` as `expand` returned it; None where
+    # the kind stacks nothing.
+    frame_reads: Callable[..., Mapping[str, StackRead]] | None = None
+
+
+class StackRead(NamedTuple):
+    """How one stacked leaf of a drawn item is made, oldest frame first along `axis` (the
+    one after the item's leading axes `[...]`: `[B]` or `[B, L]`): the newest frames of
+    the stack `older` but its oldest, then the stored `leaf` gathered at `(envs, times)`
+    (int32 `[..., j]`; none where None), then `newest` (values `[...]`), each where
+    given; zero where `keep` (bool `[...]`) is false."""
+
+    leaf: str
+    envs: jax.Array
+    times: jax.Array | None
+    older: str | None = None
+    newest: PyTree | None = None
+    keep: jax.Array | None = None
+    axis: int = 1
 
 
 class Changes(struct.PyTreeNode):

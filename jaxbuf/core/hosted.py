@@ -15,7 +15,7 @@ device code:
 
 Under `vmap` (`vectorize`, `jaxbuf.blocks`) custom batching rules make the batch one
 more row index. `_storage` (`write`, `write_times`, `read`, `push_where`) and
-`_frames.gather` take these paths for any leaf in host memory, so the layouts need
+`time_ring.gather` take these paths for any leaf in host memory, so the layouts need
 not know; the option that places leaves there is `jaxbuf.options.host_memory`.
 """
 

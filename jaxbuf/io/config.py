@@ -173,7 +173,7 @@ def buffer_from_config(config: Mapping[str, Any] | str | os.PathLike) -> Any:
     options = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in config.items()}
     kind, factory = _named(FACTORIES, "config", options)
     options = upgraded(factory, options, warn=True)
-    extra = ("num_buffers",) if kind == "replay" else ()
+    extra: tuple[str, ...] = ("num_buffers",)  # vectorize refuses the kinds it cannot lift
     if "done_fn" in inspect.signature(factory).parameters:
         extra += ("done_key",)
     _check_keys(kind, factory, options, extra)

@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import validation as _validation
+from jaxbuf.core.contracts import Layout
 from jaxbuf.core.records import Buffer
 from jaxbuf.core.samplers import PriorityState
 from jaxbuf.core.storage import RingState, TimeRingState
@@ -343,7 +344,8 @@ def dataset_to_state(
       >>> offline.experience["x"].tolist(), int(offline.size)
       ([2.0, 3.0, 4.0, 0.0], 3)
     """
-    if getattr(getattr(buffer, "config", None), "kind", None) != "replay":
+    layout = getattr(buffer, "layout", None)
+    if not isinstance(layout, Layout) or layout.steps_axis != 0:  # a buffer of items
         raise TypeError(
             f"dataset_to_state fills a replay buffer, got {type(buffer).__name__} of kind "
             f"{getattr(getattr(buffer, 'config', None), 'kind', None)!r}."

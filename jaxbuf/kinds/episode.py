@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import draws as _draws
 from jaxbuf.core import pipeline as _pipeline
@@ -187,10 +186,9 @@ def write_episodes(state: TimeRingState, steps: PyTree, where=None, *, config: S
     return after.replace(side=records), changes
 
 
-def init_episodes(example_step: PyTree, *, config: Settings, frames: dict,
+def init_episodes(example_step: PyTree, *, config: Settings,
                   goals: _goals.Hindsight | None) -> TimeRingState:  # fmt: skip
     """An empty ring of steps per environment and `records` episode records each."""
-    _frames.check_leaves(frames, example_step, "the example step")
     if goals is not None:
         spec = _validation.item_spec(example_step, "example_step")
         _goals.check(goals, spec, "the example step", episode=True)
@@ -206,24 +204,29 @@ def init_episodes(example_step: PyTree, *, config: Settings, frames: dict,
     return state.replace(side=side)
 
 
-def _padded(state: TimeRingState, where: tuple, max_length: int, frames: dict, done_fn):
-    """The episodes of records `(env, slot)` (int32 `[B]` each), padded with zeros:
-    `(experience, mask, length)`; `frames` leaves stacked per step."""
+def episode_times(state: TimeRingState, where: tuple, *, max_length: int) -> tuple:
+    """Where the episodes of records `where = (envs, slots)` `[B]` are stored: `(envs
+    [B, 1], times [B, max_length])` from each one's first step."""
     capacity = _storage.capacity_of(state.experience, 1)
     envs, slot = where
-    records = state.side
-    age = (state.added - records.first_step[envs, slot]).astype(jnp.int32)
-    times = _anchors.window_times((state.position - age) % capacity, max_length, capacity)
-    length = records.length[envs, slot]
+    age = (state.added - state.side.first_step[envs, slot]).astype(jnp.int32)
+    times = _time_ring.window_times((state.position - age) % capacity, max_length, capacity)
+    return envs[:, None], times
+
+
+def read_episodes(state: TimeRingState, where: tuple, *,
+                  max_length: int) -> tuple[PyTree, jax.Array, jax.Array]:  # fmt: skip
+    """The episodes of records `where = (envs, slots)` (int32 `[B]` each), padded with
+    zeros: `(experience, mask, length)`."""
+    envs, times = episode_times(state, where, max_length=max_length)
+    length = state.side.length[where]
     mask = jnp.arange(max_length, dtype=jnp.int32)[None, :] < length[:, None]
 
     def zero_padding(window: jax.Array) -> jax.Array:
         keep = mask.reshape(*mask.shape, *[1] * (window.ndim - 2))
         return jnp.where(keep, window, jnp.zeros((), window.dtype))
 
-    experience = _storage.read(state.experience, envs[:, None], times)
-    done_at = _frames.done_of(state, done_fn)
-    experience = _frames.stack_steps(state, experience, envs[:, None], times, frames, done_at)
+    experience = _storage.read(state.experience, envs, times)
     return jax.tree.map(zero_padding, experience), mask, length
 
 
@@ -245,29 +248,29 @@ def holds_record(state: TimeRingState, slots: jax.Array, *, records: int) -> jax
     return rank < _draws.take_small(state.side.size, envs)
 
 
-def read_episodes(state: TimeRingState, where: tuple, *, max_length: int, frames: dict,
-                  done_fn: Callable) -> tuple[PyTree, jax.Array, jax.Array]:  # fmt: skip
-    """The padded episodes of records `where = (envs, slots)` (`_padded`)."""
-    return _padded(state, where, max_length, frames, done_fn)
-
-
 def holds_min_episodes(state: TimeRingState, slots=None, *, min_episodes: int) -> jax.Array:
     """bool scalar: at least `min_episodes` complete episodes are recorded."""
     return state.side.size.sum() >= min_episodes
 
 
-def _layout(config: Settings, done_fn, frames: dict, goals) -> _contracts.Layout:
+def _layout(config: Settings, done_fn, goals) -> _contracts.Layout:
     bind = functools.partial
     k = config.records
     return _time_ring.ring_layout(
         num_envs=config.num_envs,
         size=k,
-        init=bind(init_episodes, config=config, frames=frames, goals=goals),
+        init=bind(init_episodes, config=config, goals=goals),
         write=bind(write_episodes, config=config, done_fn=done_fn),
         counts=episode_count,
         slot=bind(record_of, records=k),
         usable=bind(holds_record, records=k),
-        expand=bind(read_episodes, max_length=config.max_length, frames=frames, done_fn=done_fn),
+        expand=bind(read_episodes, max_length=config.max_length),
+        frame_reads=bind(
+            _time_ring.step_frames,
+            done_fn=done_fn,
+            padded=True,
+            read_times=bind(episode_times, max_length=config.max_length),
+        ),
         ready=bind(holds_min_episodes, min_episodes=config.min_episodes),
     )
 
@@ -358,7 +361,7 @@ def make_episode_buffer(
     _check_goals(goals, stacks)
     done_seen = _options.seen_as_stored(done_fn, storage_dtypes)
     return _pipeline.build(
-        _layout(config, done_seen, stacks, goals), sampler, config.sample_batch_size, options,
+        _layout(config, done_seen, goals), sampler, config.sample_batch_size, options,
         kind="episode", **config._asdict(), **_time_ring.done_config(done_fn),
         frames=stacks or None, goals=None if goals is None else goals.config,
     )  # fmt: skip

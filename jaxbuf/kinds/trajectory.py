@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import pipeline as _pipeline
@@ -89,7 +88,7 @@ def write_windows(state: TimeRingState, steps: PyTree, where=None, *, config: Se
     write completed (and the rows it overwrote)."""
     after, written = _time_ring.write_steps(state, steps, where, num_envs=config.num_envs,
                                             capacity=config.steps_per_env)  # fmt: skip
-    changes = _anchors.span_changes(state, after, written, config.sequence_length, config.period)
+    changes = _time_ring.span_changes(state, after, written, config.sequence_length, config.period)
     return after, changes
 
 
@@ -108,49 +107,42 @@ def window_start(state: TimeRingState, env: jax.Array, member: jax.Array, *,
 def starts_window(state: TimeRingState, slots: jax.Array, *, config: Settings) -> jax.Array:
     """Whether each slot starts a window of stored, consecutive steps on the grid."""
     times = slots % config.steps_per_env
-    return _anchors.valid_start(state, times, config.sequence_length, config.period)
+    return _time_ring.valid_start(state, times, config.sequence_length, config.period)
 
 
-def read_windows(
-    state: TimeRingState,
-    where: tuple[jax.Array, jax.Array],
-    *,
-    config: Settings,
-    done_fn: Callable | None,
-    frames: dict,
-) -> tuple[PyTree, jax.Array | None, None]:
-    """The windows starting at `where = (envs, starts)` `[B]`: leaves `[B, L, ...]` (a
-    stacked leaf `[B, L, k, ...]`), and their episode mask with a `done_fn`."""
+def read_windows(state: TimeRingState, where: tuple[jax.Array, jax.Array], *, config: Settings,
+                 done_fn: Callable | None) -> tuple[PyTree, jax.Array | None, None]:  # fmt: skip
+    """The windows starting at `where = (envs, starts)` `[B]`: leaves `[B, L, ...]`, and
+    their episode mask with a `done_fn`."""
     envs, starts = where
-    length = config.sequence_length
-    experience, mask = windows(state.experience, envs, starts, length, done_fn)
-    if frames:  # each window step's stack: [B, L, k, ...]
-        times = _anchors.window_times(starts, length, config.steps_per_env)
-        done_at = _frames.done_of(state, done_fn)
-        experience = _frames.stack_steps(state, experience, envs[:, None], times, frames,
-                                         done_at)  # fmt: skip
+    experience, mask = windows(state.experience, envs, starts, config.sequence_length, done_fn)
     return experience, mask, None
 
 
-def init_windows(example_step: PyTree, *, config: Settings, frames: dict) -> TimeRingState:
-    """An empty ring per environment, its stacked leaves checked to hold single frames."""
-    _frames.check_leaves(frames, example_step, "the example step")
-    return _time_ring.init_steps(example_step, num_envs=config.num_envs,
-                                 capacity=config.steps_per_env)  # fmt: skip
+def window_times(state: TimeRingState, where: tuple[jax.Array, jax.Array], *,
+                 config: Settings) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """Where the windows at `where = (envs, starts)` were read: `(envs [B, 1], times
+    [B, L])`."""
+    envs, starts = where
+    return envs[:, None], _time_ring.window_times(starts, config.sequence_length,
+                                                config.steps_per_env)  # fmt: skip
 
 
-def _layout(config: Settings, done_fn, frames: dict) -> _contracts.Layout:
+def _layout(config: Settings, done_fn) -> _contracts.Layout:
     bind = functools.partial
     return _time_ring.ring_layout(
         num_envs=config.num_envs,
         size=config.steps_per_env,
-        init=bind(init_windows, config=config, frames=frames),
+        init=bind(_time_ring.init_steps, num_envs=config.num_envs, capacity=config.steps_per_env),
         write=bind(write_windows, config=config),
         counts=bind(window_count, config=config),
         slot=bind(window_start, config=config),
         usable=bind(starts_window, config=config),
-        expand=bind(read_windows, config=config, done_fn=done_fn, frames=frames),
+        expand=bind(read_windows, config=config, done_fn=done_fn),
         ready=bind(_assembly.holds_min_size, min_size=config.min_size),
+        frame_reads=bind(
+            _time_ring.step_frames, done_fn=done_fn, read_times=bind(window_times, config=config)
+        ),
     )
 
 
@@ -163,7 +155,7 @@ def windows(
 ) -> tuple[PyTree, jax.Array | None]:
     """The `length` steps from each (env, start) `[B]`, wrapping around the storage,
     and the episode mask (None without `done_fn`)."""
-    times = _anchors.window_times(starts, length, _storage.capacity_of(experience, 1))
+    times = _time_ring.window_times(starts, length, _storage.capacity_of(experience, 1))
     experience = _storage.read(experience, envs[:, None], times)
     mask = (
         None
@@ -241,7 +233,7 @@ def make_trajectory_buffer(
         _frames.option(stacks),
         *_options.storage(storage_dtypes=storage_dtypes, host_memory=host_memory),
     )
-    layout = _layout(config, _options.seen_as_stored(done_fn, storage_dtypes), stacks)
+    layout = _layout(config, _options.seen_as_stored(done_fn, storage_dtypes))
     return _pipeline.build(
         layout, sampler, config.sample_batch_size, options, kind="trajectory",
         **config._asdict(), **_time_ring.done_config(done_fn), frames=stacks or None,

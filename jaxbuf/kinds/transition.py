@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuf.core import anchors as _anchors
 from jaxbuf.core import assembly as _assembly
 from jaxbuf.core import contracts as _contracts
 from jaxbuf.core import draws as _draws
@@ -30,7 +29,7 @@ from jaxbuf.core import pipeline as _pipeline
 from jaxbuf.core import storage as _storage
 from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.contracts import Sampler
+from jaxbuf.core.contracts import Sampler, StackRead
 from jaxbuf.core.records import Buffer, PyTree, Transition
 from jaxbuf.core.samplers import uniform
 from jaxbuf.core.storage import TimeRingState
@@ -213,13 +212,12 @@ def _stale(before, after, stale, evicted, number) -> jax.Array:
     return jnp.where(evicted, jnp.maximum(shifted, offset + 1), shifted)
 
 
-def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: int = 1):
+def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float):
     """The n-step transitions starting at time `starts` of environments `envs` (int32
-    `[B]` each): `(Transition, length)`; with `k > 1`, `obs` and `next_obs` are
-    stacks of `k` frames."""
+    `[B]` each): `(Transition, length)`."""
     steps, side = state.experience, state.side
     capacity = side.slot_of.shape[1]
-    times = _anchors.window_times(starts, n, capacity)
+    times = _time_ring.window_times(starts, n, capacity)
     reward, terminated, truncated = (
         jnp.asarray(_storage.read(steps[name], envs[:, None], times))
         for name in ("reward", "terminated", "truncated")
@@ -237,13 +235,10 @@ def n_step_at(state: TimeRingState, envs, starts, n: int, discount: float, k: in
     # stays in cache: for large observations the read costs only the rows that ended.
     final = _storage.read(side.experience, jnp.where(ended, envs, 0), jnp.where(ended, slot, 0))
     following = (starts + n) % capacity
-    if k > 1:
-        obs, next_obs = _stacks(state, envs, starts, following, last_time, ended, final, k, n)
-    else:
-        obs, following_obs = _lowering.apart_or_together(
-            steps["obs"], envs, starts, following, apart=_two_reads, together=_one_read
-        )
-        next_obs = _where_rows(ended, final, following_obs)
+    obs, following_obs = _lowering.apart_or_together(
+        steps["obs"], envs, starts, following, apart=_two_reads, together=_one_read
+    )
+    next_obs = _where_rows(ended, final, following_obs)
     transition = Transition(
         obs=obs,
         action=_storage.read(steps["action"], envs, starts),
@@ -276,51 +271,39 @@ def _where_rows(rows: jax.Array, yes: PyTree, no: PyTree) -> PyTree:
                         yes, no)  # fmt: skip
 
 
-def _stacks(state: TimeRingState, envs, starts, following, last, ended, final, k: int, n: int):
-    """Frame stacks `[B, k, ...]` of the observation at `starts` and of the next
-    one: the stack at `following` (the n-th next step), or, where the transition
-    `ended` at the step `last`, that episode's frames up to `last` and then the
-    final observation. The times are chosen first, so each stack is one gather.
-
-    With `n = 1` the next stack is the first one moved on by a step (its `k - 1`
-    newest frames, whether or not the step ended an episode), then the next frame:
-    `k + 1` frames read per transition instead of `2k`.
-    """
+def stacked_obs(state: TimeRingState, where: tuple[jax.Array, jax.Array], drawn: tuple,
+                stacks: dict[str, int], *, config: Settings) -> dict[str, StackRead]:  # fmt: skip
+    """Where the frame stacks `[B, k, ...]` of `obs` and `next_obs` of the transitions
+    drawn at `where = (envs, starts)` lie: `obs`, the `k` frames back from its step;
+    `next_obs`, the `k - 1` frames back from the transition's last step, then the next
+    observation `drawn` holds (the final one where the transition ended there). With
+    `n_step=1`, the first of those are the `obs` stack's newest: `k + 1` frames read per
+    transition instead of `2k`."""
+    (envs, starts), (transition, _, length), k = where, drawn, stacks["obs"]
     steps = state.experience
 
     def done_at(e: jax.Array, t: jax.Array) -> jax.Array:
-        return _frames.gather(steps["terminated"], e, t) | _frames.gather(steps["truncated"], e, t)
+        return _time_ring.gather(steps["terminated"], e, t) | _time_ring.gather(
+            steps["truncated"], e, t)  # fmt: skip
 
     def frames_at(times: jax.Array, count: int) -> jax.Array:
-        return _frames.frame_times(state, envs, times, count, done_at)
+        return _time_ring.frame_times(state, envs, times, count, done_at)
 
-    def stack(at: jax.Array) -> PyTree:
-        return jax.tree.map(lambda x: _frames.gather(x, envs[:, None], at), steps["obs"])
-
-    obs = stack(frames_at(starts, k))
-    if n == 1:
-        older, latest = jax.tree.map(lambda x: x[:, 1:], obs), stack(following[:, None])
-    else:
-        until_end = jnp.concatenate([frames_at(last, k - 1), last[:, None]], axis=1)
-        after = stack(jnp.where(ended[:, None], until_end, frames_at(following, k)))
-        older, latest = (jax.tree.map(lambda x, s=s: x[:, s], after)
-                         for s in (slice(None, -1), slice(-1, None)))  # fmt: skip
-    # the newest frame is chosen, then the stack joined, in one pass (updating a
-    # gathered stack in place made XLA copy the stack twice)
-    final = jax.tree.map(lambda x: x[:, None], final)
-    newest = _where_rows(ended, final, latest)
-    next_obs = jax.tree.map(lambda x, f: jnp.concatenate([x, f], axis=1), older, newest)
-    return obs, next_obs
+    obs = StackRead(leaf="obs", envs=envs[:, None], times=frames_at(starts, k))
+    if config.n_step == 1:
+        return {"obs": obs, "next_obs": obs._replace(times=None, older="obs",
+                                                      newest=transition.next_obs)}  # fmt: skip
+    before = frames_at((starts + length - 1) % config.steps_per_env, k - 1)
+    return {"obs": obs, "next_obs": obs._replace(times=before, newest=transition.next_obs)}
 
 
-def init_transitions(example: Transition | Mapping, *, config: Settings, frames: int,
+def init_transitions(example: Transition | Mapping, *, config: Settings,
                      goals: _goals.Hindsight | None) -> TimeRingState:  # fmt: skip
     """An empty ring of steps per environment and its side ring of
     `ceil(steps_per_env / min_episode_length)` final observations, from one `Transition`
     (or a dict with its field names) without batch axes."""
     example = _as_transition(example, "example")
     _check_example(example)
-    _frames.check_single_frames("obs", frames, example.obs, "example.obs")
     spec = _validation.item_spec(example, "example")
     if goals is not None:
         _goals.check(goals, spec.obs, "example.obs", episode=False)
@@ -359,7 +342,9 @@ def write_transitions(state: TimeRingState, steps: Transition | Mapping, where=N
     after = _storage.append_steps(state, stored, where)
     side = side.replace(stale=_stale(state, after, side.stale, evicted, number))
     length = jax.tree_util.tree_leaves(stored)[0].shape[1]
-    return after.replace(side=side), _anchors.span_changes(state, after, length, config.n_step + 1)
+    return after.replace(side=side), _time_ring.span_changes(
+        state, after, length, config.n_step + 1
+    )
 
 
 def one_transition_step(state: TimeRingState, step: Transition | Mapping, *,
@@ -387,33 +372,34 @@ def starts_transition(state: TimeRingState, slots: jax.Array, *, config: Setting
     envs, times = _storage.split(slots, capacity)
     offset = (times - (state.position - state.size)) % capacity
     stale = _draws.take_small(state.side.stale, envs)
-    return _anchors.valid_start(state, times, config.n_step + 1) & (offset >= stale)
+    return _time_ring.valid_start(state, times, config.n_step + 1) & (offset >= stale)
 
 
 def read_transitions(
-    state: TimeRingState, where: tuple[jax.Array, jax.Array], *, config: Settings, frames: int
+    state: TimeRingState, where: tuple[jax.Array, jax.Array], *, config: Settings
 ) -> tuple[Transition, None, jax.Array]:
     """The n-step transitions starting at `where = (envs, starts)` `[B]`, and the steps
     each sums (`n_step_at`)."""
     envs, starts = where
-    transition, length = n_step_at(state, envs, starts, config.n_step, config.discount, frames)
+    transition, length = n_step_at(state, envs, starts, config.n_step, config.discount)
     return transition, None, length
 
 
-def _layout(config: Settings, k: int, goals: _goals.Hindsight | None) -> _contracts.Layout:
+def _layout(config: Settings, goals: _goals.Hindsight | None) -> _contracts.Layout:
     bind = functools.partial
     return _time_ring.ring_layout(
         num_envs=config.num_envs,
         size=config.steps_per_env,
-        init=bind(init_transitions, config=config, frames=k, goals=goals),
+        init=bind(init_transitions, config=config, goals=goals),
         write=bind(write_transitions, config=config),
         counts=bind(start_count, config=config),
         slot=bind(start_of, config=config),
         usable=bind(starts_transition, config=config),
-        expand=bind(read_transitions, config=config, frames=k),
+        expand=bind(read_transitions, config=config),
         ready=bind(_assembly.holds_min_size, min_size=config.min_size),
         one_step=bind(one_transition_step, num_envs=config.num_envs),
         side_of="obs",  # the final observations follow obs (and next_obs)
+        frame_reads=bind(stacked_obs, config=config),
     )
 
 
@@ -517,7 +503,7 @@ def make_transition_buffer(
     )
     _check_goals(goals, config.n_step)
     return _pipeline.build(
-        _layout(config, stacks.get("obs", 1), goals), sampler, config.sample_batch_size,
+        _layout(config, goals), sampler, config.sample_batch_size,
         options, kind="transition", **config._asdict(), frames=stacks or None,
         goals=None if goals is None else goals.config,
     )  # fmt: skip

@@ -7,20 +7,25 @@ episode's first step (that first frame is repeated in their place, as
 Dopamine and Atari wrappers do at a reset) nor from before the oldest stored
 step (repeated likewise), so a stack never reads across an episode start or
 the write position. Storage keeps one frame per step.
+
+The option is a layout wrapper (`stacking`), applied by the build step like every
+other: the kind says where each stacked leaf's frames lie (its layout's `frame_reads`,
+`StackRead` records: `core.time_ring.step_frames` for windows of steps, the transition
+kind's own for `next_obs`), and the wrapper gathers and joins them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxbuf.core import hosted as _hosted
-from jaxbuf.core import storage as _storage
+from jaxbuf.core import time_ring as _time_ring
 from jaxbuf.core import validation as _validation
-from jaxbuf.core.contracts import Option
+from jaxbuf.core.contracts import Layout, Option, StackRead
 from jaxbuf.core.records import PyTree
 
 
@@ -37,14 +42,18 @@ def check_frames(frames: Any, capacity: int, allowed: tuple[str, ...] | None = N
 
 
 def check_leaves(frames: dict, step: PyTree, what: str) -> None:
-    """Raises unless every stacked name is a top-level key of the step, holding
-    single frames (`check_single_frames`)."""
-    missing = [name for name in frames if not isinstance(step, Mapping) or name not in step]
+    """Raises unless every stacked name is a top-level key (or field) of the step,
+    holding single frames (`check_single_frames`)."""
+    fields = step if isinstance(step, Mapping) else getattr(step, "__dataclass_fields__", {})
+    missing = [name for name in frames if name not in fields]
     if missing:
-        keys = sorted(step) if isinstance(step, Mapping) else type(step).__name__
+        keys = sorted(fields) if fields else type(step).__name__
         raise ValueError(f"frames names {missing}, which {what} lacks (it has {keys}).")
     for name, k in frames.items():
-        check_single_frames(name, k, step[name], f"{what}[{name!r}]")
+        if isinstance(step, Mapping):
+            check_single_frames(name, k, step[name], f"{what}[{name!r}]")
+        else:
+            check_single_frames(name, k, getattr(step, name), f"{what}.{name}")
 
 
 def check_single_frames(name: str, k: int, example: PyTree, what: str) -> None:
@@ -64,73 +73,57 @@ def check_single_frames(name: str, k: int, example: PyTree, what: str) -> None:
             )
 
 
-def frame_times(
-    state: Any, envs: jax.Array, times: jax.Array, k: int, done_at: Callable | None
-) -> jax.Array:
-    """int32 `[*times.shape, k]`: the storage times of the frames stacked for the
-    steps at `times` (environments `envs`, broadcastable), oldest first.
-
-    Going back from a step, a frame is used while it is stored and no step
-    between ended an episode (`done_at(envs, times) -> bool`); the oldest usable
-    frame stands in for the ones before it.
-    """
-    capacity = _storage.capacity_of(state.experience, 1)
-    age = (state.position - 1 - times) % capacity  # 0: the newest step
-    back = jnp.zeros(times.shape, jnp.int32)  # how far back frames may go
-    open_ = jnp.ones(times.shape, bool)
-    for distance in range(1, k):
-        older = (times - distance) % capacity
-        open_ = open_ & (age + distance < state.size)
-        if done_at is not None:
-            open_ = open_ & ~done_at(envs, older)
-        back = back + open_.astype(jnp.int32)
-    steps_back = jnp.arange(k - 1, -1, -1, dtype=jnp.int32).reshape(*[1] * times.ndim, k)
-    offsets = jnp.minimum(steps_back, back[..., None])
-    return (times[..., None] - offsets) % capacity
-
-
-def gather(leaf: jax.Array, envs: jax.Array, times: jax.Array) -> jax.Array:
-    """`leaf[envs, times]` for storage leaves `[num_envs, capacity, ...]`.
-
-    One index into the flattened rows: on CPU about 1.5-2x faster than the
-    two-index gather for whole frames.
-    """
-    if _hosted.on_host(leaf):  # row slices into device memory, never a gather
-        return _hosted.read_rows(leaf, (envs, times))
-    rows = leaf.reshape(-1, *leaf.shape[2:])
-    return rows.at[envs * leaf.shape[1] + times].get(mode="promise_in_bounds")
-
-
-def stack_steps(state: Any, experience: dict, envs, times, frames: dict, done_at) -> dict:
-    """The sampled steps with the `frames` leaves replaced by their stacks."""
-    if not frames:
-        return experience
-    stacked = dict(experience)
-    for name, k in frames.items():
-        at = frame_times(state, envs, times, k, done_at)
-        expand = envs[..., None] if jnp.ndim(envs) else envs
-        stacked[name] = jax.tree.map(lambda x, at=at, e=expand: gather(x, e, at),
-                                     state.experience[name])  # fmt: skip
-    return stacked
-
-
-def done_of(state: Any, done_fn: Callable | None) -> Callable | None:
-    """`done_at(envs, times) -> bool` of a `done_fn` over the state's stored steps
-    (XLA keeps only the reads `done_fn` uses)."""
-    if done_fn is None:
-        return None
-
-    def done_at(envs: jax.Array, times: jax.Array) -> jax.Array:
-        envs = jnp.broadcast_to(envs, times.shape)
-        steps = jax.tree.map(lambda x: gather(x, envs, times), state.experience)
-        flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[times.ndim :]), steps)
-        return jax.vmap(done_fn)(flat).reshape(times.shape)
-
-    return done_at
-
-
 def option(stacks: dict, refuses: Mapping[str, str] | None = None) -> Option | None:
-    """Frame stacking (`stacks`, from `check_frames`) as an option of the build step: the
-    kind's `expand` stacks what it reads; `refuses` names the options it cannot be
-    combined with in that kind, and why. None without frames."""
-    return Option(name="frames", refuses=refuses or {}) if stacks else None
+    """Frame stacking (`stacks`, from `check_frames`) as an option of the build step: a
+    layout wrapper (`stacking`); `refuses` names the options it cannot be combined with
+    in that kind, and why. None without frames."""
+    if not stacks:
+        return None
+    wrap = functools.partial(stacking, stacks=stacks)
+    return Option(name="frames", refuses=refuses or {}, layout=wrap)
+
+
+def stacking(layout: Layout, stacks: dict[str, int]) -> Layout:
+    """`layout` whose `init` refuses examples already stacked and whose `expand` returns
+    each stacked leaf `[..., k, ...]` as the layout's `frame_reads` describe it."""
+    if layout.frame_reads is None:
+        raise ValueError(f"this kind stacks no frames; got frames={stacks}.")
+    frame_reads, init, expand = layout.frame_reads, layout.init, layout.expand
+
+    def stacked_init(example: PyTree) -> Any:
+        check_leaves(stacks, example, "the example")
+        return init(example)
+
+    def stacked_expand(state: Any, where: Any) -> tuple[PyTree, Any, Any]:
+        experience, mask, length = drawn = expand(state, where)
+        made: dict[str, PyTree] = {}
+        for name, read in frame_reads(state, where, drawn, stacks).items():
+            made[name] = _stack(state.experience[read.leaf], read, made)
+        if isinstance(experience, Mapping):
+            return {**experience, **made}, mask, length
+        return experience.replace(**made), mask, length
+
+    return layout._replace(init=stacked_init, expand=stacked_expand)
+
+
+def _stack(stored: PyTree, read: StackRead, made: dict[str, PyTree]) -> PyTree:
+    """One stacked leaf: its gathered frames after the newest of `read.older`'s stack
+    and before `read.newest`, zeroed where `read.keep` is false."""
+    axis, times, parts = read.axis, read.times, []
+    if read.older is not None:
+        parts.append(jax.tree.map(lambda x: jax.lax.slice_in_dim(x, 1, None, axis=axis),
+                                  made[read.older]))  # fmt: skip
+    if times is not None:
+        parts.append(jax.tree.map(lambda x: _time_ring.gather(x, read.envs, times), stored))
+    if read.newest is not None:
+        parts.append(jax.tree.map(lambda x: jnp.expand_dims(x, axis), read.newest))
+    frames = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *parts)
+    if read.keep is None:
+        return frames
+    keep = read.keep
+
+    def zeroed(x: jax.Array) -> jax.Array:
+        rows = keep.reshape(*keep.shape, *[1] * (x.ndim - keep.ndim))
+        return jnp.where(rows, x, jnp.zeros((), x.dtype))
+
+    return jax.tree.map(zeroed, frames)

@@ -21,7 +21,7 @@ import jax
 
 from jaxbuf.core import validation as _validation
 from jaxbuf.core.contracts import Layout
-from jaxbuf.core.records import PyTree, Transition
+from jaxbuf.core.records import PyTree
 
 
 class Environment(NamedTuple):
@@ -68,18 +68,17 @@ def gymnax_env(env: Any, params: Any) -> Environment:
     )
 
 
-def record_step(kind: str) -> Callable[..., PyTree]:
-    """What one step becomes for a buffer kind: a `Transition` for transition
-    buffers; else the dict of `obs`, `action`, `reward`, `terminated`,
-    `truncated` and `next_obs` (the true next observation), with `done` (either
-    flag) for the episode and trajectory kinds' `done_fn`."""
+def record_step(buffer: Any) -> Callable[..., PyTree]:
+    """What one step becomes for `buffer`: the dict of `obs`, `action`, `reward`,
+    `terminated`, `truncated` and `next_obs` (the true next observation; a transition
+    buffer reads it as its `Transition`), with `done` (either flag) for a buffer that
+    takes a `done_fn` (trajectory, episode: its configuration has `done_fn` or `done_key`)."""
+    with_done = {"done_key", "done_fn"} & set(buffer.config)
 
     def record(obs, action, reward, terminated, truncated, next_obs):
-        if kind == "transition":
-            return Transition(obs, action, reward, terminated, truncated, next_obs)
         step = {"obs": obs, "action": action, "reward": reward, "terminated": terminated,
                 "truncated": truncated, "next_obs": next_obs}  # fmt: skip
-        return step | ({"done": terminated | truncated} if kind != "replay" else {})
+        return step | ({"done": terminated | truncated} if with_done else {})
 
     return record
 
@@ -112,7 +111,7 @@ def prefill(
       policy: `policy(key, obs) -> action` for one environment; `env`'s random
         policy by default.
       record: `record(obs, action, reward, terminated, truncated, next_obs)` for
-        one environment's step -> what the buffer stores; `record_step(kind)`
+        one environment's step -> what the buffer stores; `record_step(buffer)`
         by default. `next_obs` is the true next observation, the final one at
         an episode end.
 
@@ -132,7 +131,6 @@ def prefill(
     """
     if not isinstance(getattr(buffer, "layout", None), Layout):
         raise TypeError(f"prefill fills a sampled buffer, got {type(buffer).__name__}.")
-    kind = buffer.config.kind
     num_steps = _validation.check_int("num_steps", num_steps)
     num_envs = buffer.config.get("num_envs") if num_envs is None else num_envs
     per_env = buffer.add_step is not None  # a time line per environment
@@ -140,7 +138,7 @@ def prefill(
         raise ValueError(f"num_envs={num_envs} differs from the buffer's {buffer.config.num_envs}.")
     num_envs = _validation.check_int("num_envs", num_envs)
     policy = env.random_policy if policy is None else policy
-    record = record_step(kind) if record is None else record
+    record = record_step(buffer) if record is None else record
     add = buffer.add_step if per_env else buffer.add
     reset_key, run_key = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
