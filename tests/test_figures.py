@@ -8,7 +8,11 @@ figure: a bare decimal there counts as one only where the block speaks of measur
 figure must appear in one of those files, at the page's precision (`0.9` matches a file's
 `0.90` or `0.904`), or the block derives it from figures that do:
 `<!-- derived: 8.7 = 411054 / 47409 -->`. Code, link targets, versions (`JAX 0.10.2`),
-settings (`γ = 0.9`) and shapes (`84×84`) are not figures.
+settings (`γ = 0.9`) and shapes (`84×84`) are not figures. A clause of prose that names a
+row of a linked table by its label (a first cell of two words or more, "one torch thread")
+may quote only that row's figures: one found only in other rows was taken from the wrong
+row. (Rows labelled by a number, or named in other words than their label, are not
+checked this way.)
 """
 
 from __future__ import annotations
@@ -81,6 +85,43 @@ def withdrawn(files: list[pathlib.Path]) -> set[str]:
     return found
 
 
+def labelled_rows(files: list[pathlib.Path]) -> dict[str, list[str]]:
+    """The numbers of each table row of the files, by the row's label (its first cell, in
+    lower case, without markup), for labels of two words or more (a header row has none)."""
+    rows: dict[str, list[str]] = {}
+    for lines in (f.read_text().splitlines() for f in files):
+        for line, following in zip(lines, [*lines[1:], ""], strict=True):
+            if not line.startswith("|") or RULE.fullmatch(line) or RULE.fullmatch(following):
+                continue
+            first, *rest = line.strip().strip("|").split("|")
+            label = re.sub(r"[`*_]", "", first).strip().lower()
+            if len(label.split()) >= 2 and re.search(r"[a-z]", label):
+                rows.setdefault(label, []).extend(numbers_in_text("|".join(rest)))
+    return rows
+
+
+RULE = re.compile(r"\|[-:| ]+\|?")
+
+
+def numbers_in_text(text: str) -> list[str]:
+    return [n.replace(",", "") for n in re.findall(r"\d[\d,]*\.?\d*", text)]
+
+
+def misattributed(block: str, files: list[pathlib.Path]) -> list[str]:
+    """Figures of a prose clause that names a row of a linked table (by its label) but that
+    stand in the table only in other rows: a figure taken from the wrong row."""
+    rows, found = labelled_rows(files), []
+    if block.lstrip().startswith("|") or not rows:
+        return found
+    everywhere = [n for numbers in rows.values() for n in numbers]
+    for clause in re.split(r"[,;:]\s|\.\s|\sand\s", prose(block).lower()):
+        named = [label for label in rows if re.search(rf"(?<![\w-]){re.escape(label)}(?![\w-])",
+                                                      clause)]  # fmt: skip
+        own = [n for label in named for n in rows[label]]
+        found += [f for f in figures(clause) if named and not held(f, own) and held(f, everywhere)]
+    return found
+
+
 def held(figure: str, numbers: list[str]) -> bool:
     """Whether `figure` is one of `numbers` at the figure's precision."""
     places = len(figure.partition(".")[2])
@@ -134,6 +175,9 @@ def problems(page: pathlib.Path) -> list[str]:
         absent = [f for f in quoted if f not in derived and not held(f, numbers)]
         if absent:
             found.append(f"{where!r}: {absent} not in {[f.name for f in files]}")
+        elsewhere = misattributed(block, files)
+        if elsewhere:
+            found.append(f"{where!r}: {elsewhere} stand in other rows than the one it names")
         taken_back = sorted(set(quoted) & withdrawn(files))
         if taken_back:
             found.append(f"{where!r}: {taken_back}, which {[f.name for f in files]} leaves out")
@@ -162,6 +206,21 @@ def test_the_check_fails_on_a_figure_the_file_lacks(tmp_path):
     page.write_text(wide.format(x=TIMES) + "\n<!-- derived: 1.17 = 1981 / 1686 -->\n")
     assert problems(page) == [f"{wide.format(x=TIMES)[:80]!r}: ['1.17'], which "
                               "['scale_sac_wide_cpu.md'] leaves out"]  # fmt: skip
+
+
+def test_the_check_fails_on_a_figure_from_another_row(tmp_path):
+    table = tmp_path / "t_cpu.md"
+    rows = [
+        "| threads | steps/s | / CleanRL's |",
+        "|---|---|---|",
+        "| one torch thread | 146.2 | 0.97 |",
+        "| default torch threads | 150.6 | 1.00 |",
+    ]
+    table.write_text("\n".join(rows) + "\n")
+    assert misattributed("With one torch thread, steps/s are 0.97 of CleanRL's.", [table]) == []
+    wrong = "With one torch thread steps/s are 0.97\u20131.00 of CleanRL's."  # an en dash
+    assert misattributed(wrong, [table]) == ["1.00"]
+    assert misattributed("One torch thread: 0.97; default torch threads: 1.00.", [table]) == []
 
 
 def test_versions_settings_and_shapes_are_not_figures():
