@@ -140,6 +140,15 @@ def test_frequencies_are_proportional_to_priority_to_the_alpha(stratified):
     assert stats.chisquare(counts[keep], expected[keep]).pvalue > 1e-3
 
 
+def test_a_zero_priority_is_never_drawn_at_alpha_0():
+    """alpha 0 draws the positive priorities uniformly; a zero stays zero (0**0 is not 1)."""
+    buffer = prioritized_replay(4, 64, priority_exponent=0.0)
+    state = buffer.add(buffer.init(EXAMPLE), items(np.arange(4)))
+    state = buffer.set_priorities(state, jnp.arange(4), jnp.array([0.0, 5.0, 0.0, 0.1]))
+    drawn = np.asarray(buffer.sample(state, jax.random.key(1)).indices)
+    assert set(drawn.tolist()) == {1, 3}
+
+
 def test_float32_never_draws_an_empty_or_zero_priority_slot_after_a_million_updates():
     capacity, batch = 5000, 256
     buffer = prioritized_replay(capacity, batch, priority_exponent=1.0)

@@ -248,7 +248,8 @@ def _update(state: PriorityState, slots, priorities, allowed, alpha: float) -> P
     value = jnp.where(positive, jnp.clip(priorities, *PRIORITY_RANGE), 0.0)
     value = jnp.where(ok, value, 0.0)
     return state.replace(
-        tree=_sumtree.update(state.tree, slots, value**alpha, ok),
+        # a zero stays zero at every alpha (0**0 would be 1: drawn again at alpha 0)
+        tree=_sumtree.update(state.tree, slots, jnp.where(value > 0, value**alpha, 0.0), ok),
         max_priority=jnp.maximum(state.max_priority, jnp.max(value, initial=0.0)),
         rejected=_validation.count_up(state.rejected, jnp.sum(~ok, dtype=jnp.int32)),
     )
