@@ -74,6 +74,7 @@ RUNS = {
     "transition": Run("micro.bench_transition", (), ("transition",)),
     "prioritized": Run("micro.bench_prioritized", (), ("prioritized",)),
     "flashbax62": Run("micro.bench_flashbax62", (), ("flashbax62",)),
+    "flashbax_dropin": Run("micro.bench_flashbax_dropin", (), ("flashbax_dropin",)),
     "gae": Run("micro.bench_gae", (), ("gae",)),
     "sharding": Run("micro.bench_sharding", (), ("sharding",)),
     "dataset": Run("micro.bench_dataset", (), ("dataset",)),

@@ -33,7 +33,7 @@ def assert_same(a: Any, b: Any, what: str = "") -> None:
 
 
 PUBLIC_NAMESPACES = ("jaxbuf", "jaxbuf.types", "jaxbuf.io", "jaxbuf.rl", "jaxbuf.envs",
-                     "jaxbuf.ray", "jaxbuf.brax")  # fmt: skip
+                     "jaxbuf.ray", "jaxbuf.brax", "jaxbuf.flashbax")  # fmt: skip
 
 
 def public_names() -> list[str]:

@@ -13,10 +13,11 @@ from jaxbuf.core import lowering as _lowering
 PACKAGE = pathlib.Path(__file__).parent.parent / "jaxbuf"
 SEAM = "jaxbuf.core.lowering"
 # Each wing imports its own and those of lower rank only; the package's `__init__`, its public
-# namespaces (`types`, `envs`), `brax` and the examples sit above every wing; `ray` is the top
-# wing (the writer, inbox, ingest and ledger of actors in other processes).
+# namespaces (`types`, `envs`), `brax` and the examples sit above every wing; `ray` (the
+# writer, inbox, ingest and ledger of actors in other processes) and `flashbax` (Flashbax's
+# API over the kinds) are the top wings.
 RANKS = {"core": 0, "options": 1, "rl": 1, "kinds": 2, "transforms": 3, "io": 4, "loop": 5,
-         "ray": 6}  # fmt: skip
+         "ray": 6, "flashbax": 6}  # fmt: skip
 TOP = 7
 
 

@@ -331,7 +331,14 @@ def write_times(rings: PyTree, position: jax.Array, steps: PyTree, where: Gate =
         fits = position + length <= capacity
         return jax.lax.cond(fits, lambda: jax.tree.map(window, rings, steps), rows)
 
+    if all(_row_bytes(ring, 2) < _lowering.WIDE_ROW for ring in jax.tree.leaves(rings)):
+        return rows()  # narrow steps: a scatter beats the branch and its copies on CPU too
     return _lowering.copies_or_scatter(copies=windows, scatter=rows)
+
+
+def _row_bytes(leaf: jax.Array, leading: int) -> int:
+    """Bytes of one row of `leaf` past its `leading` axes."""
+    return int(leaf.dtype.itemsize * np.prod(leaf.shape[leading:], dtype=np.int64))
 
 
 def _write_leaf_times(ring: jax.Array, steps: jax.Array, position: jax.Array, where: Gate):
