@@ -114,3 +114,19 @@ def test_unsupported_versions_and_mismatches_are_clear_errors(tmp_path):
         jaxbuf.io.read_vault(folder)
     with pytest.raises(FileNotFoundError, match="holds no Flashbax Vault"):
         jaxbuf.io.read_vault(tmp_path)
+
+
+def test_a_vault_flashbax_wrote_fills_the_flashbax_drop_in(tmp_path):
+    """`read_vault`'s arrays `[add_batch_size, T, ...]` are what the drop-in's trajectory
+    buffer adds: its sequences are then the Vault's steps, consecutive, of one trajectory."""
+    import jaxbuf.flashbax
+
+    folder = write_vault(tmp_path, 20)
+    buffer = jaxbuf.flashbax.make_trajectory_buffer(
+        add_batch_size=TRAJECTORIES, sample_batch_size=16, sample_sequence_length=3, period=1,
+        min_length_time_axis=3, max_length_time_axis=LENGTH,
+    )  # fmt: skip
+    state = buffer.init(jax.tree.map(lambda x: x[0, 0], steps(0, 1)))
+    state = buffer.add(state, jax.tree.map(jnp.asarray, jaxbuf.io.read_vault(folder, 12, 20)))
+    ids = np.asarray(buffer.sample(state, jax.random.key(0)).experience["action"])
+    assert (np.diff(ids, axis=1) == 1).all() and ((ids % 100 >= 12) & (ids % 100 < 20)).all()
