@@ -209,9 +209,14 @@ def _each_or_none(refs: list) -> list:
 
 
 def _start_inbox(name: str, capacity: int, acknowledged: dict, namespace: str | None) -> Any:
-    """The inbox actor, named `name` (an async actor: one event loop, many waiting calls)."""
+    """The inbox actor, named `name` (an async actor: one event loop, many waiting calls),
+    on the learner's node: it lives and dies with the learner, never with a worker node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor: Any = ray.remote(Inbox)
-    options = {"name": name, "namespace": namespace, "num_cpus": 0, "max_concurrency": 1000}
+    options = {"name": name, "namespace": namespace, "num_cpus": 0, "max_concurrency": 1000,
+               "scheduling_strategy": here}  # fmt: skip
     return actor.options(**options).remote(capacity, acknowledged)
 
 

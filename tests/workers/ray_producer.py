@@ -55,6 +55,12 @@ class Producer:
         return {"written_blocks": writer.written_blocks, "in_flight": writer.in_flight,
                 "max_in_flight": self.max_in_flight, "params": writer.params_version}  # fmt: skip
 
+    def node(self) -> str:
+        """The id of the Ray node this process runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def incarnation(self) -> int:
         """This process's incarnation of the writer's name (a restart gets a new one)."""
         return self.writer.incarnation
