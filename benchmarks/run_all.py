@@ -128,7 +128,10 @@ RUNS = {
     # actor processes on a local Ray cluster: transport against echo and TorchRL, the object
     # store, the Ape-X agent against one process, a soak of 20 kills (about 15 minutes)
     "ray": Run(
-        "agents.bench_ray", (), ("ray_transport", "ray_store", "ray_apex", "ray_soak"), "echo"
+        "agents.bench_ray",
+        (),
+        ("ray_transport", "ray_calls", "ray_store", "ray_apex", "ray_soak"),
+        "echo",
     ),
     "dqn_torch": Run(
         "jaxbuf.examples.dqn_torch",

@@ -2,7 +2,8 @@
 
 Four tables, each on a local Ray cluster of this machine's cores:
 
-- `ray_transport`: each of 1 or 2 actor processes sends `STEPS` CartPole transitions
+- `ray_transport`: each of 1 to 16 actor processes sends `2 * STEPS / actors` (at least
+  1,024; whole blocks) CartPole transitions
   (obs and next_obs float32[4], action, reward, discount: 44 bytes), made in advance, as
   fast as the path takes them, into a learner that writes them into a replay buffer:
   `jaxbuf.ray` (`Writer` blocks of 32 or 256 steps, 4 in flight; `Ingest.poll`), echo
@@ -13,6 +14,9 @@ Four tables, each on a local Ray cluster of this machine's cores:
   (its process's CPU seconds over the run, all its threads); bytes sent per step
   (jaxbuf: a block's pickled size over its steps; echo: its payload; TorchRL: a
   TensorDict block's pickled size).
+- `ray_calls`: the ceiling of Ray's actor calls on this machine: 1 to 16 caller processes
+  call one async actor's no-op method, each call waited for (what an inbox message costs
+  before any work of its own).
 - `ray_store`: Ray's object store between two processes of this machine: an actor puts
   blocks of 1 KiB to 16 MiB, the driver gets them: microseconds per block and MB/s,
   what predicts a cluster's throughput per step size (see docs/ray.md).
@@ -30,7 +34,7 @@ Four tables, each on a local Ray cluster of this machine's cores:
   writer was told are written but missing, and the limiter's bounds checked after
   every sample.
 
-Run: `python -m benchmarks.agents.bench_ray [--quick] [--parts transport,store,apex,soak]`.
+Run: `python -m benchmarks.agents.bench_ray [--quick] [--parts transport,calls,store,apex,soak]`.
 """
 
 from __future__ import annotations
@@ -150,6 +154,8 @@ def transport_jaxbuf(ray, actors: int, count: int, block: int) -> dict:
     made = {k: np.stack([s[k] for s in made_steps(0, block)]) for k in step_example()}
     row["bytes_per_step"] = len(pickle.dumps((made, None), protocol=5)) / block
     ingest.close()
+    for actor in (warmer, *senders):  # no process of this row runs on into the next
+        ray.kill(actor)
     return row
 
 
@@ -175,6 +181,8 @@ def transport_echo(ray, actors: int, count: int, block: int) -> dict:
     row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu}
     ray.get(runs)
     server.close()
+    for actor in senders:
+        ray.kill(actor)
     row["bytes_per_step"] = sum(np.asarray(v).nbytes for v in step_example().values())
     return row
 
@@ -197,15 +205,19 @@ def transport_torchrl(ray, actors: int, count: int, block: int) -> dict:
     tensors = {k: torch.as_tensor(np.stack([s[k] for s in made])) for k in step_example()}
     row["bytes_per_step"] = len(pickle.dumps(TensorDict(tensors, batch_size=[block]))) / block
     ray.kill(buffer._rb)
+    for actor in senders:
+        ray.kill(actor)
     return row
 
 
 def transport(ray, quick: bool) -> list[dict]:
-    count = 2_000 if quick else STEPS
     paths = {"jaxbuf.ray": transport_jaxbuf, "echo": transport_echo,
              "torchrl RayReplayBuffer": transport_torchrl}  # fmt: skip
     rows = []
-    for block, actors in [(32, 1), (32, 2), (256, 2)]:
+    for block, actors in [(b, a) for b in (32, 256) for a in (1, 2, 4, 8, 16)]:
+        # steps per actor: whole blocks (a shorter last block would compile a write of its
+        # own shape inside the timed run)
+        count = max(1_024, (4_096 if quick else 2 * STEPS) // actors) // block * block
         for name, measure in paths.items():
             row = {"path": name, "actors": actors, "block": block,
                    **measure(ray, actors, count, block)}  # fmt: skip
@@ -213,6 +225,48 @@ def transport(ray, quick: bool) -> list[dict]:
             row["learner_cpu_us"] = row["learner_cpu"] / (actors * count) * 1e6
             rows.append(row)
             print(row, flush=True)
+    return rows
+
+
+class Caller:
+    """Calls a no-op method of an async actor, one call after another (an actor process)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def run(self, count: int) -> float:
+        import ray
+
+        start = time.perf_counter()
+        for i in range(count):
+            ray.get(self.target.echo.remote(i))
+        return time.perf_counter() - start
+
+
+class NoOp:
+    """An async actor whose method does nothing (the inbox's shape, without its work)."""
+
+    async def echo(self, value: int) -> int:
+        return value
+
+
+def calls(ray, quick: bool) -> list[dict]:
+    """The ceiling of Ray actor calls on this machine: callers in their own processes
+    calling one async actor's no-op method, each call waited for."""
+    target = ray.remote(num_cpus=0, max_concurrency=1000)(NoOp).remote()
+    rows = []
+    for callers in (1, 2, 4, 8, 16):
+        count = max(200, (2_000 if quick else 8_000) // callers)
+        actors = [ray.remote(num_cpus=0)(Caller).remote(target) for _ in range(callers)]
+        ray.get([a.__ray_ready__.remote() for a in actors] + [target.echo.remote(0)])
+        start = time.perf_counter()
+        ray.get([a.run.remote(count) for a in actors])
+        seconds = time.perf_counter() - start
+        rows.append({"callers": callers, "calls_per_second": callers * count / seconds})
+        print(rows[-1], flush=True)
+        for actor in actors:
+            ray.kill(actor)
+    ray.kill(target)
     return rows
 
 
@@ -349,6 +403,8 @@ COLUMNS = {
                       ("steps/s into the learner's buffer", "steps_per_second", "{:,.0f}"),
                       ("learner CPU µs per step", "learner_cpu_us", "{:.1f}"),
                       ("bytes sent per step", "bytes_per_step", "{:.1f}")],
+    "ray_calls": [("caller processes", "callers", "{}"),
+                  ("calls per second into one actor", "calls_per_second", "{:,.0f}")],
     "ray_store": [("block bytes", "bytes", "{:,}"), ("µs per block", "us_per_block", "{:.0f}"),
                   ("MB/s", "mb_per_s", "{:,.0f}")],
     "ray_apex": [("agent", "agent", "{}"), ("seed", "seed", "{}"),
@@ -382,7 +438,7 @@ def main() -> None:
     workers = {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
              log_to_driver=False, runtime_env={"env_vars": workers})  # fmt: skip
-    parts = {"transport": transport, "store": store, "apex": apex, "soak": soak}
+    parts = {"transport": transport, "calls": calls, "store": store, "apex": apex, "soak": soak}
     for part in args.parts.split(","):
         rows = parts[part](ray, args.quick)
         write_results(args.out, f"ray_{part}", rows, COLUMNS[f"ray_{part}"], __doc__)

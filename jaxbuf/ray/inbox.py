@@ -62,16 +62,18 @@ class Inbox:
         written_in, last = self._acknowledged.get(name, (0, -1))
         return last if written_in == incarnation else -1
 
-    async def offer(self, offer: Offer) -> int:
+    async def offer(self, offer: Offer) -> tuple[int, int, int]:
         """Queues a block's reference, waiting while the inbox holds `capacity` of them;
-        returns the newest parameters' version (the writer reads it when it asks for
-        parameters: no call of its own for a version that did not change)."""
+        returns `(newest parameters' version, last block of the writer's incarnation
+        written, restarts of the learner)`: what `written` answers, so a writer whose
+        window is not full learns of its acknowledgements without a call of its own."""
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._offers) < self._capacity)
             self._offers.append(offer)
             self._offered += 1
             self._changed.notify_all()
-        return self._params[0]
+        written = self._last_written(offer.name, offer.incarnation)
+        return self._params[0], written, self._restarts
 
     async def take(self, most: int, timeout: float) -> list[Offer]:
         """Up to `most` offers, oldest first; waits up to `timeout` seconds for the first."""

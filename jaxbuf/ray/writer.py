@@ -69,7 +69,8 @@ class Writer:
         self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
         self._params_version, self._params, self._last_written = 0, None, -1
-        self._newest, self._heard_at, self._answer = 0, time.monotonic(), None
+        self._newest, self._heard_at = 0, time.monotonic()
+        self._answers: collections.deque[Any] = collections.deque()  # offers' answers
         self.incarnation, _, self._restarts = ray.get(
             self._inbox.connect.remote(self.name, None), timeout=self._answer_timeout)  # fmt: skip
 
@@ -128,11 +129,21 @@ class Writer:
         return self._params
 
     def _listen(self) -> None:
-        """The newest version from the answer to the last block offered, if it is here."""
-        if self._answer is not None and ray.wait([self._answer], timeout=0)[0]:
+        """What the answers to the blocks offered that are here say: the newest version,
+        the blocks written, a restart of the learner (then sends again what is unwritten)."""
+        while self._answers and ray.wait([self._answers[0]], timeout=0)[0]:
+            answer = self._answers.popleft()
             with contextlib.suppress(*UNREACHABLE):  # a dead inbox: `_call` finds the next
-                self._heard(ray.get(self._answer, timeout=self._answer_timeout))
-            self._answer = None
+                self._heard_written(*ray.get(answer, timeout=self._answer_timeout))
+
+    def _heard_written(self, version: int, last: int, restarts: int) -> None:
+        """An answer of the inbox: `(newest version, last block written, restarts)`."""
+        self._heard(version)
+        self._forget_through(last)
+        if restarts != self._restarts:  # the learner went back to a checkpoint
+            self._restarts = restarts
+            self._answers.clear()  # answers from before the restart say nothing now
+            self._send_again()
 
     def _heard(self, version: int) -> None:
         self._newest, self._heard_at = max(self._newest, version), time.monotonic()
@@ -148,22 +159,19 @@ class Writer:
         priorities = np.asarray(self._priorities, np.float32) if self._priorities else None
         steps = len(self._steps)
         self._steps, self._priorities = [], []
+        self._listen()  # acknowledgements the offers' answers brought: no call
         while len(self._unwritten) >= self.window:
             self._await_written(next(iter(self._unwritten)), 5.0)
         offer = Offer(self.name, self.incarnation, self._sequence,
                       _payload(block, priorities, columns), steps, self._last_written)  # fmt: skip
         self._sequence += 1
         self._unwritten[offer.sequence] = offer
-        self._answer = self._inbox.offer.remote(offer)  # its answer: the newest version
+        self._answers.append(self._inbox.offer.remote(offer))
 
     def _await_written(self, sequence: int, timeout: float) -> None:
         last, restarts, version = self._call(lambda inbox: inbox.written.remote(
             self.name, self.incarnation, sequence, self._restarts, timeout), timeout)  # fmt: skip
-        self._heard(version)
-        self._forget_through(last)
-        if restarts != self._restarts:  # the learner went back to a checkpoint
-            self._restarts = restarts
-            self._send_again()
+        self._heard_written(version, last, restarts)
 
     @property
     def written_through(self) -> tuple[int, int]:
