@@ -11,7 +11,7 @@ written into the buffer) and the newest parameters' reference.
 
 Every method is a coroutine of one event loop (an async Ray actor): no two run at once,
 and a waiting call (a full inbox, an empty one, an acknowledgement not yet given) sleeps
-on a condition until another call changes what it waits for, or until its timeout.
+on the condition of what it waits for until another call changes it, or until its timeout.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ class Inbox:
         self._acknowledged = dict(acknowledged)
         self._handed = {name: inc for name, (inc, _) in acknowledged.items()}
         self._params: tuple[int, list] = (0, [])
-        self._changed = asyncio.Condition()
+        # One lock, a condition per thing waited for: a change wakes only the calls that
+        # wait for it (with many writers, one condition woke every waiting call each time).
+        lock = asyncio.Lock()
+        self._space, self._arrived, self._written = (asyncio.Condition(lock) for _ in range(3))
         self._offered, self._restarts = 0, 0
 
     async def connect(self, name: str, incarnation: int | None) -> tuple[int, int, int]:
@@ -67,41 +70,46 @@ class Inbox:
         returns `(newest parameters' version, last block of the writer's incarnation
         written, restarts of the learner)`: what `written` answers, so a writer whose
         window is not full learns of its acknowledgements without a call of its own."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: len(self._offers) < self._capacity)
+        async with self._space:
+            await self._space.wait_for(lambda: len(self._offers) < self._capacity)
             self._offers.append(offer)
             self._offered += 1
-            self._changed.notify_all()
+            self._arrived.notify()
         written = self._last_written(offer.name, offer.incarnation)
         return self._params[0], written, self._restarts
 
-    async def take(self, most: int, timeout: float) -> list[Offer]:
-        """Up to `most` offers, oldest first; waits up to `timeout` seconds for the first."""
-        async with self._changed:
+    async def take(self, most: int, timeout: float,
+                   acknowledged: dict | None = None) -> list[Offer]:  # fmt: skip
+        """Up to `most` offers, oldest first; waits up to `timeout` seconds for the first.
+        `acknowledged`: the learner's ledger since its last writes (`acknowledge`'s, carried
+        by the take that follows them: one message fewer per poll)."""
+        if acknowledged:
+            await self.acknowledge(acknowledged)
+        async with self._arrived:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._offers)), timeout)
+                await asyncio.wait_for(self._arrived.wait_for(lambda: bool(self._offers)), timeout)
             except TimeoutError:
                 return []
             taken = [self._offers.popleft() for _ in range(min(most, len(self._offers)))]
-            self._changed.notify_all()
+            self._space.notify(len(taken))  # as many writers as there is new room for
             return taken
 
     async def acknowledge(self, acknowledged: dict[str, tuple[int, int]]) -> None:
         """The learner's ledger after a write: wakes the writers waiting on it."""
-        async with self._changed:
+        async with self._written:
             self._acknowledged.update(acknowledged)
-            self._changed.notify_all()
+            self._written.notify_all()
 
     async def restart(self, acknowledged: dict[str, tuple[int, int]]) -> None:
         """A restored learner's ledger replaces what was acknowledged; offers queued
         before stay (the ledger decides them). Writers learn of it from `written` and
         send again the blocks not acknowledged (the learner may have taken them)."""
-        async with self._changed:
+        async with self._written:
             self._restarts += 1
             self._acknowledged = dict(acknowledged)
             for name, (incarnation, _) in acknowledged.items():
                 self._handed[name] = max(self._handed.get(name, 0), incarnation)
-            self._changed.notify_all()
+            self._written.notify_all()
 
     async def written(self, name: str, incarnation: int, sequence: int, restarts: int,
                       timeout: float) -> tuple[int, int, int]:  # fmt: skip
@@ -109,9 +117,9 @@ class Inbox:
         is written (or a later incarnation of the name is, or the learner restarted since
         the writer's `restarts`); returns `(last written, restarts, newest parameters'
         version)`."""
-        async with self._changed:
+        async with self._written:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(
+                await asyncio.wait_for(self._written.wait_for(
                     lambda: self._passed(name, incarnation, sequence)
                     or self._restarts != restarts), timeout)  # fmt: skip
             return self._last_written(name, incarnation), self._restarts, self._params[0]

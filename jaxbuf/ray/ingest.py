@@ -74,10 +74,15 @@ class Ingest:
                                      static_argnames="most")  # fmt: skip
         self._sampled: Any = jax.jit(limiter.sampled) if limiter else None
         self._params_version = 0
+        self._unacknowledged = False  # blocks written since the inbox last heard the ledger
+        self._drained = True  # the last take found fewer offers than it could take
 
     def poll(self, timeout: float = 0.0) -> int:
         """Writes what it can: the pending blocks, else up to `blocks_per_poll` new ones
-        (waiting up to `timeout` seconds for the first). Returns the blocks written."""
+        (waiting up to `timeout` seconds for the first). Returns the blocks written.
+
+        The writers hear of what a poll wrote with the next poll's take of new blocks where
+        the inbox holds more (a busy learner), else at once."""
         if not self.pending:
             self._fetch(timeout)
         written = 0
@@ -97,15 +102,22 @@ class Ingest:
                 )
                 written += 1
             self.pending.popleft()
-        if written:
+        self._unacknowledged = self._unacknowledged or written > 0
+        # Where blocks wait for the limiter, or the inbox was drained (the writers may be
+        # waiting on these very blocks, and the next take may be far), tell them now.
+        if self._unacknowledged and (self.pending or self._drained):
             self.inbox.acknowledge.remote(self.ledger.acknowledged())
+            self._unacknowledged = False
         return written
 
     def _fetch(self, timeout: float) -> None:
         # A take sent ahead (answered while the learner writes) was tried: it came back
         # with fewer offers each (sent when the inbox had just been emptied), and the
-        # learner's CPU per step rose by a third (the transport table, blocks of 32).
-        offers = ray.get(self.inbox.take.remote(self.blocks_per_poll, timeout))
+        # learner's CPU per step rose by a third (the transport table, blocks of 32). The
+        # acknowledgements of the last writes travel with this take.
+        acknowledged = self.ledger.acknowledged() if self._unacknowledged else None
+        offers = ray.get(self.inbox.take.remote(self.blocks_per_poll, timeout, acknowledged))
+        self._unacknowledged, self._drained = False, len(offers) < self.blocks_per_poll
         referenced = [offer.block[0] for offer in offers if isinstance(offer.block, list)]
         try:  # one round trip for all the referenced blocks
             fetched = iter(ray.get(referenced))
@@ -182,6 +194,7 @@ class Ingest:
         self.ledger = Ledger.from_json(metadata["extra"]["ledger"])
         self.state, self.limiter_state = restored["buffer"], restored["limiter"]
         ray.get(self.inbox.restart.remote(self.ledger.acknowledged()))
+        self._unacknowledged = False
 
     def stats(self) -> dict[str, Any]:
         """The inbox's counts, the ledger's per-writer counts and the refusals."""
