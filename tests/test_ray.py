@@ -253,6 +253,18 @@ def _within_bounds(ingest) -> bool:
     )
 
 
+def stop_writing(ingest, actors, key) -> list[dict]:
+    """Stops the actors (each waits for its blocks in flight) while the learner writes and
+    samples within the limiter's bounds; their final counts."""
+    stopping = [_alive(actor).stop.remote() for actor in actors]
+    while ray.wait(stopping, num_returns=len(stopping), timeout=0)[1]:
+        ingest.poll(timeout=0.1)
+        if ingest.pending and ingest.can_sample():
+            ingest.sample(key)
+        assert _within_bounds(ingest)
+    return ray.get(stopping)
+
+
 def _held(ingest) -> dict[tuple, int]:
     """(actor, incarnation, block, step) -> how many times the buffer holds it."""
     size = int(ingest.state.size)
@@ -305,13 +317,7 @@ def test_killed_actors_lose_and_repeat_nothing_and_the_limiter_holds(cluster, tm
         if kills < KILLS and rng.random() < 0.05:
             _kill(actors[rng.randrange(2)])
             kills += 1
-    stopping = [_alive(actor).stop.remote() for actor in actors]  # each waits for its blocks
-    while ray.wait(stopping, num_returns=len(stopping), timeout=0)[1]:
-        ingest.poll(timeout=0.1)
-        if ingest.pending and ingest.can_sample():
-            ingest.sample(key)
-        assert _within_bounds(ingest)
-    finals = ray.get(stopping)
+    finals = stop_writing(ingest, actors, key)
     _check_exactly_once(ingest, logs, block_size)
     assert all(f["max_in_flight"] <= window and f["in_flight"] == 0 for f in finals), finals
     stats = ingest.stats()

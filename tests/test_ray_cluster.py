@@ -31,6 +31,7 @@ from test_ray import (  # noqa: E402
     _held,
     _producer_class,
     _within_bounds,
+    stop_writing,
 )
 
 import jaxbuf  # noqa: E402
@@ -81,14 +82,8 @@ def _sample(ingest, key, count: int):
 
 
 def _stop(ingest, actors, key):
-    """Stops the actors, writing what they still send; their final counts."""
-    stopping = [_alive(actor).stop.remote() for actor in actors]
-    while ray.wait(stopping, num_returns=len(stopping), timeout=0)[1]:
-        ingest.poll(timeout=0.1)
-        if ingest.pending and ingest.can_sample():
-            ingest.sample(key)
-        assert _within_bounds(ingest)
-    finals = ray.get(stopping)
+    """Stops the actors (`stop_writing`), then ends them; their final counts."""
+    finals = stop_writing(ingest, actors, key)
     for actor in actors:  # frees their slots for the next test (a kill is asynchronous)
         ray.kill(actor, no_restart=True)
     for _ in range(300):
