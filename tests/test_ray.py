@@ -28,7 +28,7 @@ ray = pytest.importorskip("ray")
 
 import jaxbuf  # noqa: E402
 from jaxbuf.ray.ingest import Ingest  # noqa: E402
-from jaxbuf.ray.writer import Writer  # noqa: E402
+from jaxbuf.ray.writer import PARAMS_CHECK, Writer  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 # Ray starts its processes with subprocess's preexec_fn, which runs fork handlers: JAX's
@@ -410,6 +410,26 @@ def test_initial_priorities_need_a_prioritized_ring_and_land_on_the_rows_written
         ids,
         probabilities,
     )
+    ingest.close()
+
+
+def test_new_parameters_ride_the_answers_to_a_writers_blocks(cluster):
+    buffer = jaxbuf.make_replay_buffer(64, 2)
+    ingest = Ingest(buffer, buffer.init(EXAMPLE), inbox="riding")
+    writer = Writer("riding", "w", block_size=2, namespace=ray.get_runtime_context().namespace)
+    step = {"ids": np.zeros(4, np.int32), "obs": np.zeros(3, np.float32)}
+    for version in (1, 2):
+        assert ingest.publish({"w": jnp.full(3, float(version))}) == version
+        ray.get(ingest.inbox.stats.remote())  # the publish has arrived (one event loop)
+        writer.append(step), writer.append(step)  # a block: its answer brings the reference
+        while not writer.wait(timeout=0.1):
+            ingest.poll(timeout=1)
+        assert writer.params_version == version - 1
+        assert np.array_equal(writer.params()["w"], np.full(3, float(version), np.float32))
+        assert writer.params_version == version
+    assert "params" not in ingest.stats()["inbox"]["calls"]  # never asked: answers brought both
+    writer._heard_at -= 2 * PARAMS_CHECK  # quiet for longer than PARAMS_CHECK: it asks
+    assert writer.params()["w"][0] == 2.0 and ingest.stats()["inbox"]["calls"]["params"] == 1
     ingest.close()
 
 

@@ -27,8 +27,10 @@ Four tables, each on a local Ray cluster of this machine's cores:
   included), updates per second, steps per second from the first update on (the
   learning phase, after the first `learning_starts` steps), the CPU seconds the whole
   machine ran meanwhile (`/proc/stat`: the learner, the actors, the inbox and Ray's own
-  processes; the evaluation excluded), and the greedy return (gymnax CartPole, 64
-  episodes).
+  processes; the evaluation excluded) and where it went (the learner's process, the
+  actor processes' runs, the inbox's, the rest: Ray's own processes, the actors'
+  start-ups, the machine's others), the inbox's calls per block (256 steps), and the
+  greedy return (gymnax CartPole, 64 episodes).
 - `ray_soak`: two actors sending while the learner samples under a rate limiter; one of
   them killed at 20 random moments (Ray restarts it): steps written twice, steps a
   writer was told are written but missing, and the limiter's bounds checked after
@@ -306,7 +308,7 @@ def apex(ray, quick: bool) -> list[dict]:
     rows = []  # the agents interleaved seed by seed (a shared machine drifts)
     runs = [(seed, actors) for seed in range(6) for actors in ((0, 2, 1) if seed == 0 else (0, 2))]
     for seed, actors in runs if not quick else [(0, 0), (0, 2)]:
-        start, busy = time.perf_counter(), machine_cpu_seconds()
+        start, busy, own = time.perf_counter(), machine_cpu_seconds(), time.process_time()
         if actors:
             params, network, counts = apex_cartpole.train(seed, actors, config=config, quiet=True)
         else:
@@ -314,7 +316,9 @@ def apex(ray, quick: bool) -> list[dict]:
         row = {"agent": "one process" if actors == 0 else f"{actors} actor processes",
                "seed": seed, "steps": counts["steps"], "updates": counts["updates"],
                "seconds": counts["seconds"], "wall": time.perf_counter() - start,
-               "machine_cpu": machine_cpu_seconds() - busy}  # fmt: skip
+               "machine_cpu": machine_cpu_seconds() - busy,
+               "learner_cpu": time.process_time() - own}  # fmt: skip
+        row.update(cpu_parts(row, counts, config["block_size"]))
         row["return"] = evaluate(network, params)
         row["steps_per_second"] = row["steps"] / row["seconds"]
         row["updates_per_second"] = row["updates"] / row["seconds"]
@@ -323,6 +327,17 @@ def apex(ray, quick: bool) -> list[dict]:
         rows.append(row)
         print(row, flush=True)
     return rows
+
+
+def cpu_parts(row: dict, counts: dict, block: int) -> dict:
+    """Where the machine's CPU went: the actor processes', the inbox's, the rest (Ray's
+    own processes, the rest of the machine), and the inbox's calls per block."""
+    actors = sum(a["cpu_seconds"] for a in counts.get("actors", []))
+    inbox = counts["inbox"]["cpu_seconds"] if "inbox" in counts else 0.0
+    calls = sum(counts["inbox"]["calls"].values()) if "inbox" in counts else 0
+    rest = row["machine_cpu"] - row["learner_cpu"] - actors - inbox
+    return {"actors_cpu": actors, "inbox_cpu": inbox, "rest_cpu": rest,
+            "inbox_calls_per_block": calls / (row["steps"] / block)}  # fmt: skip
 
 
 def machine_cpu_seconds() -> float:
@@ -414,6 +429,11 @@ COLUMNS = {
                  ("updates/s", "updates_per_second", "{:.1f}"),
                  ("steps/s from the first update", "learning_steps_per_second", "{:,.0f}"),
                  ("machine CPU s (all processes)", "machine_cpu", "{:.1f}"),
+                 ("learner process CPU s", "learner_cpu", "{:.1f}"),
+                 ("actor processes CPU s", "actors_cpu", "{:.1f}"),
+                 ("inbox CPU s", "inbox_cpu", "{:.1f}"),
+                 ("the rest (Ray's processes, start-ups) CPU s", "rest_cpu", "{:.1f}"),
+                 ("inbox calls per block", "inbox_calls_per_block", "{:.1f}"),
                  ("greedy return (64 episodes)", "return", "{:.1f}")],
     "ray_soak": [("kills", "kills", "{}"), ("restarts seen", "restarts", "{}"),
                  ("steps stored", "steps", "{:,}"), ("steps written twice", "twice", "{}"),

@@ -121,8 +121,9 @@ class Actor:
                              window=config["window"], namespace=namespace)  # fmt: skip
 
     def run(self, steps: int) -> dict:
-        """Steps every environment until `steps` transitions are sent; returns counts."""
-        start, done, iteration, params = time.perf_counter(), 0, 0, None
+        """Steps every environment until `steps` transitions are sent; returns counts (the
+        process's CPU seconds over the run among them)."""
+        start, cpu, done, iteration, params = time.perf_counter(), time.process_time(), 0, 0, None
         while done < steps:
             if iteration % self.acting.config["fetch_every"] == 0 or params is None:
                 params = self.writer.params()
@@ -134,4 +135,5 @@ class Actor:
         self.writer.flush()
         self.writer.wait(timeout=120)
         return {"steps": self.writer.written_steps, "seconds": time.perf_counter() - start,
+                "cpu_seconds": time.process_time() - cpu,
                 "returns": self.acting.returns[-20:]}  # fmt: skip

@@ -209,7 +209,7 @@ def train(seed: int = 0, actors: int = 2, config: dict = CONFIG, quiet: bool = F
     runs = [h.run.remote(config["total_timesteps"] // actors) for h in handles]
     learning = Learning(config, network, ingest.buffer, ingest.state, seed)  # as they start
     counts = learn(config, ingest, runs, learning, start, quiet)
-    counts["actors"] = ray.get(runs)
+    counts["actors"], counts["inbox"] = ray.get(runs), ingest.stats()["inbox"]
     ingest.close()
     for handle in handles:
         ray.kill(handle)

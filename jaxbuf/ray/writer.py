@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,6 +70,7 @@ class Writer:
         self._unwritten: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._sequence, self.written_blocks, self.written_steps, self.dropped_blocks = 0, 0, 0, 0
         self._params_version, self._params, self._last_written = 0, None, -1
+        self._boxed: tuple[int, Any] = (0, [])  # the newest parameters' reference heard of
         self._newest, self._heard_at = 0, time.monotonic()
         self._answers: collections.deque[Any] = collections.deque()  # offers' answers
         self.incarnation, _, self._restarts = ray.get(
@@ -116,16 +118,21 @@ class Writer:
         """The newest parameters the learner published (`Ingest.publish`) that this writer
         has heard of, fetched from the object store only when they changed; `None` before
         the first. The inbox's answers to this writer's blocks carry the newest version,
-        so a writer that sends asks the inbox only when a newer one was published; one
-        that has heard nothing for `PARAMS_CHECK` seconds asks anyway."""
+        and its reference where newer than this writer's, so a writer that sends asks the
+        inbox only where an answer told of a newer version without bringing it; one that
+        has heard nothing for `PARAMS_CHECK` seconds asks anyway."""
         self._listen()
         quiet = time.monotonic() - self._heard_at > PARAMS_CHECK
-        if self._params is None or self._newest > self._params_version or quiet:
+        unknown = self._params is None and not self._boxed[1]  # none fetched, none heard of
+        if unknown or self._newest > self._boxed[0] or quiet:
             version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
             self._heard(version)
-            if boxed:
-                params = ray.get(boxed[0], timeout=self._answer_timeout)
-                self._params_version, self._params = version, params
+            if boxed and version > self._boxed[0]:
+                self._boxed = (version, boxed)
+        version, boxed = self._boxed
+        if version > self._params_version:
+            self._params = ray.get(boxed[0], timeout=self._answer_timeout)
+            self._params_version, self._boxed = version, (version, [])
         return self._params
 
     def _listen(self) -> None:
@@ -136,9 +143,14 @@ class Writer:
             with contextlib.suppress(*UNREACHABLE):  # a dead inbox: `_call` finds the next
                 self._heard_written(*ray.get(answer, timeout=self._answer_timeout))
 
-    def _heard_written(self, version: int, last: int, restarts: int) -> None:
-        """An answer of the inbox: `(newest version, last block written, restarts)`."""
+    def _heard_written(
+        self, version: int, last: int, restarts: int, boxed: Sequence[Any] = ()
+    ) -> None:
+        """An answer of the inbox: `(newest version, last block written, restarts)`, and
+        the newest parameters' reference where the answer brought it (`[ref]`)."""
         self._heard(version)
+        if boxed and version > self._boxed[0]:
+            self._boxed = (version, boxed)
         self._forget_through(last)
         if restarts != self._restarts:  # the learner went back to a checkpoint
             self._restarts = restarts
@@ -163,7 +175,8 @@ class Writer:
         while len(self._unwritten) >= self.window:
             self._await_written(next(iter(self._unwritten)), 5.0)
         offer = Offer(self.name, self.incarnation, self._sequence,
-                      _payload(block, priorities, columns), steps, self._last_written)  # fmt: skip
+                      _payload(block, priorities, columns), steps, self._last_written,
+                      max(self._params_version, self._boxed[0]))  # fmt: skip
         self._sequence += 1
         self._unwritten[offer.sequence] = offer
         self._answers.append(self._inbox.offer.remote(offer))
