@@ -13,7 +13,9 @@ Four tables, each on a local Ray cluster of this machine's cores:
   second from the first send to the last step stored; the learner's CPU time per step
   (its process's CPU seconds over the run, all its threads); bytes sent per step
   (jaxbuf: a block's pickled size over its steps; echo: its payload; TorchRL: a
-  TensorDict block's pickled size).
+  TensorDict block's pickled size). Echo's `sample` waits for ever where steps never come
+  (one run stalled so, 16 senders of blocks of 32): a row not ended after `ECHO_STALL`
+  seconds is cut short and shows the steps that arrived, and no rate.
 - `ray_calls`: the ceiling of Ray's actor calls on this machine: 1 to 16 caller processes
   call one async actor's no-op method, each call waited for (what an inbox message costs
   before any work of its own).
@@ -48,6 +50,7 @@ import pickle
 import random
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -55,6 +58,7 @@ import numpy as np
 from benchmarks.common import ROOT, write_results
 
 STEPS = 20_000  # per actor
+ECHO_STALL = 120.0  # seconds after which an echo row that has not ended is cut short
 BLOCK = 32  # the learner's batch
 
 
@@ -177,11 +181,19 @@ def transport_echo(ray, actors: int, count: int, block: int) -> dict:
     ray.get([s.__ray_ready__.remote() for s in senders])
     cpu, start = time.process_time(), time.perf_counter()
     runs = [s.run.remote() for s in senders]
-    for _ in range(actors * count // block):
-        state = add(state, server.sample().batch)
+    # echo's `sample` waits for ever where steps never come (it stalled once, 16 senders of
+    # blocks of 32): the server closed after ECHO_STALL seconds ends the wait with None
+    watchdog = threading.Timer(ECHO_STALL, server.close)
+    watchdog.start()
+    arrived = 0
+    while arrived < actors * count and (sample := server.sample()) is not None:
+        state, arrived = add(state, sample.batch), arrived + block
     int(state.size)
-    row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu}
-    ray.get(runs)
+    row = {"seconds": time.perf_counter() - start, "learner_cpu": time.process_time() - cpu,
+           "arrived": arrived / (actors * count)}  # fmt: skip
+    watchdog.cancel()
+    if arrived == actors * count:
+        ray.get(runs)
     server.close()
     for actor in senders:
         ray.kill(actor)
@@ -223,8 +235,11 @@ def transport(ray, quick: bool) -> list[dict]:
         for name, measure in paths.items():
             row = {"path": name, "actors": actors, "block": block,
                    **measure(ray, actors, count, block)}  # fmt: skip
-            row["steps_per_second"] = actors * count / row["seconds"]
-            row["learner_cpu_us"] = row["learner_cpu"] / (actors * count) * 1e6
+            sent = actors * count
+            arrived = round(row.get("arrived", 1.0) * sent)  # echo may stall
+            row["steps_per_second"] = arrived / row["seconds"] if arrived == sent else None
+            row["learner_cpu_us"] = row["learner_cpu"] / max(arrived, 1) * 1e6
+            row["arrived"] = f"{arrived:,} of {sent:,}"
             rows.append(row)
             print(row, flush=True)
     return rows
@@ -415,6 +430,7 @@ def soak(ray, quick: bool) -> list[dict]:
 COLUMNS = {
     "ray_transport": [("path", "path", "{}"), ("actor processes", "actors", "{}"),
                       ("steps per block (echo: per batch)", "block", "{}"),
+                      ("steps arrived", "arrived", "{}"),
                       ("steps/s into the learner's buffer", "steps_per_second", "{:,.0f}"),
                       ("learner CPU µs per step", "learner_cpu_us", "{:.1f}"),
                       ("bytes sent per step", "bytes_per_step", "{:.1f}")],
