@@ -157,6 +157,7 @@ RUNS = {
     ),
     # on accelerators only: host-placed against device-resident experience
     "host_memory": Run("micro.bench_host_memory", (), ("host_memory",), "gpu"),
+    "kernels": Run("micro.bench_kernels", (), ("kernels", "kernel_list"), "gpu"),
 }
 
 SETS = {

@@ -4,6 +4,7 @@ operations, and every operation's gathers and scatters under the ceilings of doc
 import pathlib
 
 import census
+import census_flashbax
 import census_host
 import jax
 import jax.numpy as jnp
@@ -172,3 +173,43 @@ def test_lowering_once_for_both_platforms_counts_as_export_does_for_each():
                                                             for p in PLATFORMS}  # fmt: skip
         assert counts(texts["cuda"])["sort"] == 1
         assert texts["cuda"] != texts["tpu"] and "platform.case" in texts["tpu"]
+
+
+@pytest.fixture(scope="module")
+def against_flashbax():
+    """The operations of `census_flashbax` at each of its shapes, lowered once (5 s)."""
+    return {shape: census_flashbax.census(shape) for shape in census_flashbax.SHAPES}
+
+
+def test_against_flashbax_every_count_stays_under_the_page(against_flashbax):
+    """At the GPU table's shapes, every jaxbuf operation's gathers, scatters, sorts and
+    bytes at or under the page's tables, which show every operation and Flashbax's."""
+    page = census_flashbax.read_page(PAGE.read_text())
+    assert set(page) == set(census_flashbax.SHAPES), "python tests/census_flashbax.py"
+    over = [
+        f"{shape} {name}: {what} {row[what]} > {page[shape][name][what]}"
+        for shape, rows in against_flashbax.items()
+        for name, row in rows.items()
+        for what in census_flashbax.COLUMNS
+        if not name.startswith("flashbax") and row[what] > page[shape][name][what]
+    ]
+    assert not over, "\n".join(over)
+    assert {s: set(r) for s, r in page.items()} == {s: set(r) for s, r in against_flashbax.items()}
+
+
+def test_where_a_kind_does_what_flashbax_does_it_runs_no_more(against_flashbax):
+    """One gather per stored leaf in a sample and one scatter per leaf in an add, as
+    Flashbax's flat buffer runs; the transition kind's extras named one by one (its true
+    final observations, its search among environments); the replay kind reads each
+    stored byte once where Flashbax's pairs read each twice."""
+    for shape, rows in against_flashbax.items():
+        for name, row in rows.items():
+            kind, operation = name.rsplit(".", 1)
+            if kind not in census_flashbax.LEAVES or operation == "set_priorities":
+                continue
+            what = "gather" if operation == "sample" else "scatter"
+            extra = census_flashbax.EXTRA.get(name, (what, ()))[1]
+            assert row[what] <= census_flashbax.LEAVES[kind] + len(extra), (shape, name, row)
+        item = 2 * 4 * shape.obs + 4 * 8 + 4 + 1  # obs, next_obs, action, reward, done
+        assert rows["replay.sample"]["storage"] == item, rows["replay.sample"]
+        assert rows["flashbax flat.sample"]["storage"] == 2 * (item - 4 * shape.obs)

@@ -125,11 +125,15 @@ def test_floyd_by_pointer_doubling_follows_chains_of_every_length():
 
 def test_locate_finds_group_and_member_on_both_sides_of_every_switch(platform_path):
     """`locate` against NumPy for groups on both sides of `SMALL` (compared with every end
-    below, a binary search above: a loop on CPU, unrolled on accelerators), with empty
-    groups, runs of them, and every draw at a group's edges."""
+    below; above, a binary search in a loop on CPU, on accelerators a search of wide
+    reads: 2 levels up to 16,383 groups, 3 from 16,384), with empty groups, runs of them,
+    every draw at a group's edges, and the placeholders where every group is empty."""
     rng = np.random.default_rng(3)
     locate = jax.jit(_draws.locate)
-    for groups in (1, 3, _lowering.SMALL, _lowering.SMALL + 1, 1024, 4096):
+    for groups in (65, 4096, 16384):  # every group empty: group G - 1, member 0
+        found = locate(jnp.zeros(5, jnp.int32), jnp.zeros(groups, jnp.int32))
+        assert np.asarray(found).tolist() == [[groups - 1] * 5, [0] * 5]
+    for groups in (1, 3, _lowering.SMALL, _lowering.SMALL + 1, 1024, 4096, 16383, 16384):
         counts = rng.integers(0, 5, groups).astype(np.int32)
         counts[rng.random(groups) < 0.3] = 0  # empty groups, some in runs
         counts[-1] = max(counts[-1], 1)

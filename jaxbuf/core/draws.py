@@ -177,6 +177,14 @@ def locate(
 ) -> tuple[jax.Array, jax.Array]:
     """The (group, member) of flat draws from `[0, sum(counts))`.
 
+    The group is `searchsorted(ends, draw, side="right")` (groups without members are
+    skipped) and the member `draw - ends[group - 1]` (`ends[-1] = 0`), for `ends` the
+    running sum of `counts`. Up to `_lowering.SMALL` groups every draw is compared with
+    every end (`[B, G]` elementwise work that fuses, no loop). Above, on CPU, a binary
+    search in a `while` (an iteration is cheap there) and one read of the group's first
+    draw; on accelerators `_locate_wide`: one gather of `[B, w]` ends instead of
+    `log2 G` dependent narrow ones (each a kernel there). Every form gives the same pairs.
+
     Args:
       draws: int32 `[B]`, each in `[0, sum(counts))`.
       counts: int32 `[G]`, the members of each group (zero allowed); their sum
@@ -189,29 +197,52 @@ def locate(
       `sum(counts) > 0` before using them.
     """
     ends = running_sum(counts) if ends is None else ends
-    group = _search(ends, draws)
-    group = jnp.minimum(group, counts.shape[0] - 1).astype(jnp.int32)
-    return group, draws - (take_small(ends, group) - take_small(counts, group))
-
-
-def _search(ends: jax.Array, draws: jax.Array) -> jax.Array:
-    """`searchsorted(ends, draws, side="right")`, by size and platform.
-
-    Up to `_lowering.SMALL` groups, every draw is compared with every end (`[B, G]`
-    elementwise work that fuses, no loop anywhere). Above, a binary search of
-    `ceil(log2(G + 1))` steps: a `while` on CPU, where an iteration is cheap;
-    unrolled on accelerators, where each iteration of a `while` is a round of
-    kernel launches driven from the host, while the unrolled steps are dependent
-    reads of a `G`-entry table, elementwise over the draws, which XLA may fuse.
-    """
     if ends.shape[0] <= _lowering.SMALL:
-        return jnp.searchsorted(ends, draws, side="right", method="compare_all")
+        group = jnp.searchsorted(ends, draws, side="right", method="compare_all")
+        return _member(draws, counts, ends, group)
 
-    def search(method: str):
-        return lambda e, d: jnp.searchsorted(e, d, side="right", method=method)
+    def search(ends: jax.Array, counts: jax.Array, draws: jax.Array):
+        group = jnp.searchsorted(ends, draws, side="right", method="scan")
+        return _member(draws, counts, ends, group)
 
-    return _lowering.loop_or_unrolled(ends, draws, loop=search("scan"),
-                                      unrolled=search("scan_unrolled"))  # fmt: skip
+    return _lowering.loop_or_unrolled(ends, counts, draws, loop=search, unrolled=_locate_wide)
+
+
+def _member(draws: jax.Array, counts: jax.Array, ends: jax.Array,
+            group: jax.Array) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`(group, member)` from the searched group: one read of the group's first draw
+    `ends - counts` (a comparison on accelerators for `G <= SMALL`, else a gather)."""
+    group = jnp.minimum(group, counts.shape[0] - 1).astype(jnp.int32)
+    return group, draws - take_small(ends - counts, group)
+
+
+def _locate_wide(ends: jax.Array, counts: jax.Array, draws: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`locate` above `SMALL` groups for accelerators: the ends are padded to `w^L`
+    entries (`L >= 2` levels, `w^L > G`, `w <= 128`) and searched from the top level
+    down, each level comparing a draw with `w - 1` ends `stride` apart and skipping the
+    strides that end at or before it (the top level's ends are the same for every draw:
+    a slice, no gather; each lower level one gather of `[B, w - 1]`: one at 4,096
+    groups, where a binary search takes 13 dependent narrow reads). The largest end
+    passed is `ends[group - 1]`, the group's first draw: no further read."""
+    size = ends.shape[0]
+    bits = size.bit_length()
+    levels = max(2, -(-bits // 7))
+    width = 1 << -(-bits // levels)
+    top = jnp.iinfo(jnp.int32).max  # past every draw
+    padded = jnp.concatenate([ends, jnp.full(width**levels - size, top, ends.dtype)])
+    low, first = jnp.zeros_like(draws), jnp.zeros_like(draws)
+    for level in reversed(range(levels)):
+        stride = width**level
+        if level == levels - 1:  # from 0: the same ends for every draw
+            passed = padded[stride - 1 :: stride][None, : width - 1]
+        else:
+            steps = stride * jnp.arange(1, width, dtype=jnp.int32)
+            passed = padded[low[:, None] + steps[None, :] - 1]
+        before = passed <= draws[:, None]
+        low = low + stride * jnp.sum(before, axis=1, dtype=jnp.int32)
+        first = jnp.maximum(first, jnp.max(jnp.where(before, passed, 0), axis=1))
+    return jnp.minimum(low, size - 1).astype(jnp.int32), draws - first
 
 
 def take_small(values: jax.Array, indices: jax.Array) -> jax.Array:
