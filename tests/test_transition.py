@@ -7,9 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import accelerators_form
 from reference import add_size, env_time, rejects_and_keeps_state
 
 import jaxbuf
+from jaxbuf.core import lowering as _lowering
 
 EXAMPLE = jaxbuf.Transition(
     obs={"x": jnp.zeros(2), "id": jnp.int32(0)},
@@ -269,3 +271,34 @@ def test_add_errors_name_the_leaf_and_leave_the_state_intact(wrap, change, error
     state = buffer.add(buffer.init(EXAMPLE), steps)
     bad = change(steps)
     rejects_and_keeps_state(wrap, buffer.add, state, bad, error=error, match=match)
+
+
+def test_hundreds_of_environments_with_unequal_counts_draw_alike_on_both_paths(monkeypatch):
+    """Above `SMALL` environments the draw searches the environments' running totals: a
+    loop on CPU, levels of wide reads on accelerators. Episodes of 1-3 steps under a side
+    ring sized for 10 leave every environment its own stale count, so the totals are
+    unequal: both paths draw the same transitions, bit for bit."""
+    envs, steps, batch = 300, 16, 2048
+    buffer = jaxbuf.make_transition_buffer(envs, steps, batch)
+    rng = np.random.default_rng(0)
+    done = rng.random((envs, 40)) < 0.5
+    chunk = jaxbuf.Transition(
+        obs=jnp.asarray(rng.normal(size=(envs, 40, 2)), jnp.float32),
+        action=jnp.asarray(rng.integers(0, 4, (envs, 40)), jnp.int32),
+        reward=jnp.asarray(rng.normal(size=(envs, 40)), jnp.float32),
+        terminated=jnp.asarray(done & (rng.random((envs, 40)) < 0.5)),
+        truncated=jnp.asarray(done),
+        next_obs=jnp.asarray(rng.normal(size=(envs, 40, 2)), jnp.float32),
+    )
+    chunk = chunk.replace(truncated=chunk.truncated & ~chunk.terminated)
+    add = jax.jit(buffer.add)
+    state = buffer.init(jax.tree.map(lambda x: x[0, 0], chunk))
+    for start in range(0, 40, 8):  # 40 steps in chunks of 8: the ring of 16 wraps twice
+        state = add(state, jax.tree.map(lambda x, s=start: x[:, s : s + 8], chunk))
+    assert len(set(np.asarray(state.side.stale).tolist())) > 3  # unequal counts
+    key = jax.random.key(5)
+    on_cpu = jax.jit(lambda s, k: buffer.sample(s, k))(state, key)
+    monkeypatch.setattr(_lowering, "choose", accelerators_form)
+    on_accelerators = jax.jit(lambda s, k: buffer.sample(s, k))(state, key)
+    for a, b in zip(jax.tree.leaves(on_cpu), jax.tree.leaves(on_accelerators), strict=True):
+        np.testing.assert_array_equal(a, b)
