@@ -79,3 +79,26 @@ def test_time_rings_wrap_multi_step_writes_of_any_number_of_environments(num_env
         ring = append(ring, steps)
         np.testing.assert_array_equal(ring.experience, expected, err_msg=f"{length=}")
     assert int(ring.size) == capacity and int(ring.added) == 28
+
+
+def test_span_changes_says_disjoint_exactly_where_no_slot_is_cleared_and_filled():
+    """`Changes.disjoint` lets a prioritized sampler skip finding the slots both cleared
+    and filled (a sort above 1,024 entries): true exactly where no slot is both, which
+    every `add_step` of a span over 1 is. Every length, span, capacity up to 9 and write
+    position."""
+    from jaxbuf.core import time_ring
+
+    for capacity in range(2, 10):
+        for span in range(1, capacity + 1):
+            for length in range(1, capacity + 1):
+                for position in range(capacity):
+                    ring = jaxbuf.types.TimeRingState(
+                        experience=jnp.zeros((1, capacity)), position=jnp.int32(position),
+                        size=jnp.int32(capacity), added=jnp.uint32(0), side=None, sampler=None,
+                    )  # fmt: skip
+                    after = ring.replace(position=jnp.int32((position + length) % capacity))
+                    changes = time_ring.span_changes(ring, after, length, span)
+                    cleared = set(np.asarray(changes.cleared).tolist())
+                    both = cleared & set(np.asarray(changes.filled).tolist())
+                    assert changes.disjoint == (not both), (capacity, span, length, position)
+                    assert changes.disjoint or length > 1 or span == 1

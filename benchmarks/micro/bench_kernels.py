@@ -5,14 +5,12 @@ steps, observations float32[D], actions float32[8], batch B; `--shapes E,D,B ...
 operation runs `STEPS` times in a jitted, donated `lax.scan` on a full buffer, once under
 JAX's profiler (`jax.profiler.trace`, its Perfetto trace): every kernel the compiled program
 launched (on a GPU the device's kernels; on a CPU the compiled program's fused operations
-as the host ran them), matched to the program's optimized HLO by name. Variants:
-
-- `flashbax flat`: `make_flat_buffer` (pairs of consecutive steps), `add` of one step per
-  environment, `sample`;
-- `transition n=1`: `make_transition_buffer` with its defaults, `add_step`, `sample`;
-- `replay`: `make_replay_buffer` of full transitions (obs and next_obs), `add` of `E`, `sample`;
-- `prioritized transition`: the transition kind with `jaxbuf.prioritized()`: `add_step`,
-  `sample`, and `set_priorities` of a batch.
+as the host ran them), matched to the program's optimized HLO by name. The variants are
+`bench_scale`'s, whose tables the GPU rows came from: Flashbax's flat buffer (pairs of
+consecutive steps), the transition kind (n=1, `min_episode_length=100`), the replay kind of
+full transitions, the prioritized transition kind; each adds one step of every environment
+(`add`) and samples a batch (`sample`); the prioritized kind also sets the priorities of a
+batch of random slots (`set_priorities`).
 
 Two tables: `kernels` (per operation and shape: kernels launched per call, device
 microseconds per call (the kernels' summed durations, so a kernel-count-bound program shows
@@ -36,7 +34,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -44,123 +42,60 @@ import jax.numpy as jnp
 
 import jaxbuf
 from benchmarks.common import write_results
+from benchmarks.micro import bench_scale
 
-STEPS_PER_ENV = 256
 STEPS = 16  # operations per timed scan
 USERS = ((4096, 64, 8192), (4096, 512, 8192), (4096, 64, 32768), (4096, 512, 32768),
          (512, 128, 8192))  # fmt: skip
 QUICK = ((64, 16, 256),)
 
 
-def _step(obs: int) -> dict[str, jax.Array]:
-    return {"obs": jnp.zeros(obs), "action": jnp.zeros(8), "reward": jnp.float32(0),
-            "done": jnp.bool_(False)}  # fmt: skip
+# bench_scale's variants (the GPU table's rows came from it and from its probe): the
+# transition kinds with `min_episode_length=100`, adds of one step of every environment
+KINDS = {
+    "flashbax flat": "flashbax flat",
+    "transition n=1": "jaxbuf transition n=1",
+    "replay": "jaxbuf replay",
+    "prioritized transition": "jaxbuf prioritized transition",
+}
 
 
-def _steps(envs: int, obs: int, t: jax.Array) -> dict[str, jax.Array]:
-    """One step of every environment at time `t` (an episode ends every 100 steps)."""
-    step = jax.tree.map(lambda x: jnp.broadcast_to(x, (envs, *x.shape)), _step(obs))
-    done = (jnp.arange(envs) + t) % 100 == 99
-    return {**step, "obs": step["obs"] + t.astype(jnp.float32), "done": done}
+def variants(envs: int, obs: int, batch: int) -> Iterator[tuple[str, Any, dict[str, Callable]]]:
+    """`(variant, full state, {operation: scan body})`, one variant at a time (a state of
+    4,096 x 256 x 512 floats is 2 GiB), each body `(carry, t) -> (carry, None)`."""
+    base = jax.random.normal(jax.random.key(0), (envs, obs))
+    for name, scale_name in KINDS.items():
+        state, add, sample = bench_scale.VARIANTS[scale_name](envs, batch, obs)
+        bodies = bench_scale.scan_bodies(add, sample, base)
+        operations = {"add": bodies["add"], "sample": bodies["sample"]}
+        if name.startswith("prioritized"):
+            operations["set_priorities"] = _set_priorities(envs, batch)
+        yield name, bench_scale.filled(state, add, base), operations
 
 
-def _flashbax(envs: int, obs: int, batch: int) -> dict[str, tuple]:
-    import flashbax as fbx
+def _set_priorities(envs: int, batch: int) -> Callable:
+    """A scan body setting the priorities of `batch` random slots."""
+    buffer = jaxbuf.make_transition_buffer(envs, bench_scale.STEPS_PER_ENV, batch,
+                                           min_episode_length=100,
+                                           sampler=jaxbuf.prioritized())  # fmt: skip
 
-    buffer = fbx.make_flat_buffer(max_length=envs * STEPS_PER_ENV, min_length=2 * envs,
-                                  sample_batch_size=batch, add_sequences=False,
-                                  add_batch_size=envs)  # fmt: skip
-    state = buffer.init(_step(obs))
+    def body(carry, t):
+        state, total = carry
+        key = jax.random.fold_in(jax.random.key(3), t)
+        indices = jax.random.randint(key, (batch,), 0, envs * bench_scale.STEPS_PER_ENV)
+        return (buffer.set_priorities(state, indices, jax.random.uniform(key, (batch,))),
+                total), None  # fmt: skip
 
-    def add(state, t):
-        return buffer.add(state, _steps(envs, obs, t))
-
-    def sample(state, key):
-        drawn = buffer.sample(state, key).experience
-        return drawn.first["obs"].sum() + drawn.second["obs"].sum() + drawn.first["reward"].sum()
-
-    return {"add": (state, add), "sample": (state, sample)}
+    return body
 
 
-def _transition_kind(envs: int, obs: int, batch: int, sampler: Any) -> dict[str, tuple]:
-    buffer = jaxbuf.make_transition_buffer(envs, STEPS_PER_ENV, batch, sampler=sampler)
-    example = _step(obs)
-    fields = ("obs", "action", "reward", "done", "done", "obs")
-    state = buffer.init(jaxbuf.Transition(*(example[f] for f in fields)))
+def scanned(body: Callable) -> Callable:
+    """`STEPS` calls of a scan body in one jitted, donated `lax.scan`."""
 
-    def add(state, t):
-        s = _steps(envs, obs, t)
-        step = jaxbuf.Transition(s["obs"], s["action"], s["reward"], s["done"] & False,
-                                 s["done"], s["obs"] + 1)  # fmt: skip
-        return buffer.add_step(state, step)
-
-    def sample(state, key):
-        drawn = buffer.sample(state, key).experience
-        return drawn.obs.sum() + drawn.next_obs.sum() + drawn.reward.sum()
-
-    ops = {"add": (state, add), "sample": (state, sample)}
-    if getattr(buffer, "set_priorities", None) is not None:
-
-        def set_priorities(state, key):
-            indices = jax.random.randint(key, (batch,), 0, envs * STEPS_PER_ENV)
-            return buffer.set_priorities(state, indices, jax.random.uniform(key, (batch,)))
-
-        ops["set_priorities"] = (state, set_priorities)
-    return ops
-
-
-def _replay(envs: int, obs: int, batch: int) -> dict[str, tuple]:
-    buffer = jaxbuf.make_replay_buffer(envs * STEPS_PER_ENV, batch)
-    state = buffer.init({**_step(obs), "next_obs": jnp.zeros(obs)})
-
-    def add(state, t):
-        s = _steps(envs, obs, t)
-        return buffer.add(state, {**s, "next_obs": s["obs"] + 1})
-
-    def sample(state, key):
-        drawn = buffer.sample(state, key).experience
-        return drawn["obs"].sum() + drawn["next_obs"].sum() + drawn["reward"].sum()
-
-    return {"add": (state, add), "sample": (state, sample)}
-
-
-def variants(envs: int, obs: int, batch: int) -> dict[str, dict[str, tuple]]:
-    """{variant: {operation: (state, fn)}}: `fn(state, t_or_key)` an add (returns the
-    state) or a draw (returns a scalar)."""
-    return {"flashbax flat": _flashbax(envs, obs, batch),
-            "transition n=1": _transition_kind(envs, obs, batch, jaxbuf.uniform()),
-            "replay": _replay(envs, obs, batch),
-            "prioritized transition": _transition_kind(envs, obs, batch,
-                                                       jaxbuf.prioritized())}  # fmt: skip
-
-
-def scanned(operation: str, fn: Callable) -> Callable:
-    """`STEPS` calls of `fn` in one `lax.scan`: adds carry the state, the others carry the
-    state too (a set of priorities) or sum their draws."""
-
-    def run(state, key):
-        def body(carry, i):
-            state, total = carry
-            if operation == "add":
-                return (fn(state, i), total), None
-            out = fn(state, jax.random.fold_in(key, i))
-            if operation == "sample":
-                return (state, total + out), None
-            return (out, total), None
-
+    def run(state):
         return jax.lax.scan(body, (state, jnp.float32(0)), jnp.arange(STEPS))[0]
 
     return jax.jit(run, donate_argnums=0)
-
-
-def _compatible(fn: Callable) -> Callable:
-    """Flashbax's code relies on JAX's default promotion rules."""
-
-    def call(*args):
-        with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
-            return fn(*args)
-
-    return call
 
 
 def hlo_names(compiled: Any) -> dict[str, str]:
@@ -191,42 +126,33 @@ def kernels(trace_dir: str, names: dict[str, str]) -> list[tuple[str, float]]:
     return found
 
 
-def profile(fn: Callable, state: Any, key: jax.Array, repeats: int) -> dict[str, Any]:
+def profile(fn: Callable, state: Any, repeats: int) -> dict[str, Any]:
     """Wall time per call (median and fastest of `repeats` scans) and the kernels of one
     scan under the profiler."""
-    compiled = fn.lower(state, key).compile()
-    state = fn(state, key)[0]  # warm; the scans run on a full (or written-to) buffer
+    compiled = fn.lower(state).compile()
+    state = fn(state)[0]  # warm
     walls = []
     for _ in range(repeats):
         start = time.perf_counter()
-        state, total = fn(state, key)
+        state, total = fn(state)
         jax.block_until_ready((state, total))
         walls.append((time.perf_counter() - start) / STEPS * 1e6)
     folder = tempfile.mkdtemp()
     with jax.profiler.trace(folder, create_perfetto_trace=True):
-        state, total = fn(state, key)
+        state, total = fn(state)
         jax.block_until_ready((state, total))
     names = hlo_names(compiled)
     return {"wall_us": statistics.median(walls), "wall_us_min": min(walls),
             "kernels": kernels(folder, names), "names": names}  # fmt: skip
 
 
-def filled(variant: dict[str, tuple]) -> Any:
-    """The variant's state after `STEPS_PER_ENV + 1` adds (full, its ring wrapped)."""
-    state, add = variant["add"]
-    fill = jax.jit(lambda s: jax.lax.fori_loop(0, STEPS_PER_ENV + 1, lambda t, s: add(s, t), s))
-    return fill(state)
-
-
 def measure(shape: tuple[int, int, int], repeats: int) -> tuple[list[dict], list[dict]]:
     envs, obs, batch = shape
     rows, listed = [], []
-    for name, ops in variants(envs, obs, batch).items():
-        if name.startswith("flashbax"):
-            ops = {op: (state, _compatible(fn)) for op, (state, fn) in ops.items()}
-        for operation, (_, fn) in ops.items():
-            state = filled(ops)  # each operation its own: the scans donate it
-            found = profile(scanned(operation, fn), state, jax.random.key(0), repeats)
+    for name, full, operations in variants(envs, obs, batch):
+        for operation, body in operations.items():
+            state = jax.tree.map(jnp.copy, full)  # each operation its own: the scans donate it
+            found = profile(scanned(body), state, repeats)
             per_kernel = collections.defaultdict(lambda: [0, 0.0])
             for kernel, micros in found["kernels"]:
                 per_kernel[kernel][0] += 1

@@ -67,11 +67,14 @@ class StackRead(NamedTuple):
 
 class Changes(struct.PyTreeNode):
     """Which slots an `add` made undrawable (`cleared`, distinct where not -1) and
-    drawable (`filled` where `keep`, distinct); int32 arrays, or None for none."""
+    drawable (`filled` where `keep`, distinct); int32 arrays, or None for none.
+    `disjoint` (static): no slot is both cleared and filled, so a sampler need not
+    find the ones that are (a sort of every entry above `_lowering.PAIRS` of them)."""
 
     cleared: jax.Array | None
     filled: jax.Array
     keep: jax.Array | None = None
+    disjoint: bool = struct.field(pytree_node=False, default=False)
 
 
 class Drawn(struct.PyTreeNode):

@@ -179,11 +179,13 @@ def prioritized(priority_exponent: float = 0.6, stratified: bool = True) -> Samp
             tree = _sumtree.update(state.tree, filled, value, keep, unique=True)
             return state.replace(tree=tree)
         # One update: the cleared slots (-1 marks none) get 0, then the filled ones
-        # their priority, a slot in both ending filled (the later entry wins).
+        # their priority, a slot in both ending filled (the later entry wins; with
+        # `disjoint` changes there is none to find).
         slots = jnp.concatenate([changes.cleared, filled])
         values = jnp.concatenate([jnp.zeros(changes.cleared.shape, jnp.float32), value])
         keep = jnp.concatenate([changes.cleared >= 0, keep])
-        return state.replace(tree=_sumtree.update(state.tree, slots, values, keep))
+        tree = _sumtree.update(state.tree, slots, values, keep, unique=changes.disjoint)
+        return state.replace(tree=tree)
 
     def draw(layout, state, key, count: int, *, importance_exponent=0.4) -> Drawn:
         _check_importance_exponent(importance_exponent)

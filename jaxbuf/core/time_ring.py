@@ -56,7 +56,10 @@ def span_changes(before: Any, after: Any, length: int, span: int, period: int = 
     """Slots `env * capacity + time` after `length` steps were written at
     `before.position`: the written rows are cleared (they are now the newest
     steps), and the `length` starts whose `span` the add completed are filled
-    where they are valid starts."""
+    where they are valid starts. A row written at `position + j` is a completed start
+    at `position + j'` only where `j' - j` is `span - 1` or `span - 1 - capacity`, so
+    the two are disjoint where `length` stays under both (an `add_step` whenever
+    `span > 1`)."""
     num_envs, capacity = jax.tree_util.tree_leaves(after.experience)[0].shape[:2]
     base = (jnp.arange(num_envs, dtype=jnp.int32) * capacity)[:, None]
     j = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -66,6 +69,7 @@ def span_changes(before: Any, after: Any, length: int, span: int, period: int = 
         cleared=(base + (before.position + j) % capacity).ravel(),
         filled=(base + completed).ravel(),
         keep=keep.ravel(),
+        disjoint=length <= min(span - 1, capacity - span + 1),
     )
 
 

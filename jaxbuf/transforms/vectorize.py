@@ -42,7 +42,8 @@ def _lifted_changes(changes: Changes, count: int, num_slots: int) -> Changes:
     if changes.cleared is not None:
         cleared = jnp.where(changes.cleared >= 0, changes.cleared + base, -1).ravel()
     keep = None if changes.keep is None else changes.keep.ravel()
-    return Changes(cleared=cleared, filled=(changes.filled + base).ravel(), keep=keep)
+    return Changes(cleared=cleared, filled=(changes.filled + base).ravel(), keep=keep,
+                   disjoint=changes.disjoint)  # fmt: skip
 
 
 def lift(layout: Layout, count: int) -> Layout:
