@@ -3,7 +3,9 @@
 Four tables, each on a local Ray cluster of this machine's cores:
 
 - `ray_transport`: each of 1 to 16 actor processes sends `2 * STEPS / actors` (at least
-  1,024; whole blocks) CartPole transitions
+  1,024; whole blocks) CartPole transitions, `ROUNDS` times, the paths taking turns (a
+  path's row: the median and the fastest of its rounds; one round of one row once ran at a
+  third of the rate the same code ran before and after it)
   (obs and next_obs float32[4], action, reward, discount: 44 bytes), made in advance, as
   fast as the path takes them, into a learner that writes them into a replay buffer:
   `jaxbuf.ray` (`Writer` blocks of 32 or 256 steps, 4 in flight; `Ingest.poll`), echo
@@ -48,6 +50,7 @@ import os
 import pathlib
 import pickle
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -58,6 +61,7 @@ import numpy as np
 from benchmarks.common import ROOT, write_results
 
 STEPS = 20_000  # per actor
+ROUNDS = 3  # of each transport row, the paths taking turns
 ECHO_STALL = 120.0  # seconds after which an echo row that has not ended is cut short
 BLOCK = 32  # the learner's batch
 
@@ -232,17 +236,27 @@ def transport(ray, quick: bool) -> list[dict]:
         # steps per actor: whole blocks (a shorter last block would compile a write of its
         # own shape inside the timed run)
         count = max(1_024, (4_096 if quick else 2 * STEPS) // actors) // block * block
-        for name, measure in paths.items():
-            row = {"path": name, "actors": actors, "block": block,
-                   **measure(ray, actors, count, block)}  # fmt: skip
-            sent = actors * count
-            arrived = round(row.get("arrived", 1.0) * sent)  # echo may stall
-            row["steps_per_second"] = arrived / row["seconds"] if arrived == sent else None
-            row["learner_cpu_us"] = row["learner_cpu"] / max(arrived, 1) * 1e6
-            row["arrived"] = f"{arrived:,} of {sent:,}"
-            rows.append(row)
-            print(row, flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name in paths}
+        for _ in range(1 if quick else ROUNDS):  # the paths in turn, round after round
+            for name, measure in paths.items():
+                runs[name].append(measure(ray, actors, count, block))
+                print(name, actors, block, runs[name][-1], flush=True)
+        for name, measured in runs.items():
+            rows.append({"path": name, "actors": actors, "block": block,
+                         **summary(measured, actors * count)})  # fmt: skip
     return rows
+
+
+def summary(measured: list[dict], sent: int) -> dict:
+    """One row of a path's rounds: steps/s (median and fastest of the rounds that ended;
+    echo may stall), the learner's CPU per step (median), bytes per step, steps arrived."""
+    arrived = [round(m.get("arrived", 1.0) * sent) for m in measured]
+    rates = [sent / m["seconds"] for m, a in zip(measured, arrived, strict=True) if a == sent]
+    cpu = [m["learner_cpu"] / max(a, 1) * 1e6 for m, a in zip(measured, arrived, strict=True)]
+    return {"steps_per_second": statistics.median(rates) if rates else None,
+            "fastest": max(rates, default=None), "learner_cpu_us": statistics.median(cpu),
+            "bytes_per_step": measured[0]["bytes_per_step"],
+            "arrived": f"{sum(arrived):,} of {sent * len(measured):,}"}  # fmt: skip
 
 
 class Caller:
@@ -430,9 +444,11 @@ def soak(ray, quick: bool) -> list[dict]:
 COLUMNS = {
     "ray_transport": [("path", "path", "{}"), ("actor processes", "actors", "{}"),
                       ("steps per block (echo: per batch)", "block", "{}"),
-                      ("steps arrived", "arrived", "{}"),
-                      ("steps/s into the learner's buffer", "steps_per_second", "{:,.0f}"),
-                      ("learner CPU µs per step", "learner_cpu_us", "{:.1f}"),
+                      ("steps arrived (all rounds)", "arrived", "{}"),
+                      ("steps/s into the learner's buffer (median)", "steps_per_second",
+                       "{:,.0f}"),
+                      ("steps/s (fastest)", "fastest", "{:,.0f}"),
+                      ("learner CPU µs per step (median)", "learner_cpu_us", "{:.1f}"),
                       ("bytes sent per step", "bytes_per_step", "{:.1f}")],
     "ray_calls": [("caller processes", "callers", "{}"),
                   ("calls per second into one actor", "calls_per_second", "{:,.0f}")],

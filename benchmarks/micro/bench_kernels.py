@@ -111,18 +111,26 @@ def hlo_names(compiled: Any) -> dict[str, str]:
 
 def kernels(trace_dir: str, names: dict[str, str]) -> list[tuple[str, float]]:
     """`(kernel, microseconds)` of every complete event of the trace that ran a part of
-    the program (named after an instruction, or naming one in its `hlo_op` argument)."""
+    the program (named after an instruction, or naming one in its `hlo_op` argument): on
+    a GPU or TPU every event of the device's, on a CPU the host's that name the program's
+    instructions."""
     path = glob.glob(f"{trace_dir}/**/perfetto_trace.json.gz", recursive=True)[0]
     with gzip.open(path) as file:
         trace = json.load(file)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
+    # on an accelerator its kernels only (the host's launches of them carry the same names)
+    devices = {pid for pid, name in processes.items() if re.search(r"/device:(GPU|TPU)", name)}
     found = []
     for event in events:
-        if event.get("ph") != "X":
+        if event.get("ph") != "X" or (devices and event.get("pid") not in devices):
             continue
         hlo = (event.get("args") or {}).get("hlo_op", event["name"])
-        if hlo in names or event["name"] in names:
-            found.append((event["name"] if event["name"] in names else hlo, event.get("dur", 0.0)))
+        # a device runs only this program while traced: every kernel counts, named by its
+        # HLO where the trace says it (kernels inside XLA's command buffers may not)
+        if devices or hlo in names or event["name"] in names:
+            found.append((hlo if hlo in names else event["name"], event.get("dur", 0.0)))
     return found
 
 
