@@ -125,13 +125,11 @@ class Writer:
         quiet = time.monotonic() - self._heard_at > PARAMS_CHECK
         unknown = self._params is None and not self._boxed[1]  # none fetched, none heard of
         if unknown or self._newest > self._boxed[0] or quiet:
-            version, boxed = self._call(lambda inbox: inbox.params.remote(self._params_version))
-            self._heard(version)
-            if boxed and version > self._boxed[0]:
-                self._boxed = (version, boxed)
+            self._heard(*self._call(lambda inbox: inbox.params.remote(self._params_version)))
         version, boxed = self._boxed
         if version > self._params_version:
             self._params = ray.get(boxed[0], timeout=self._answer_timeout)
+            # the reference let go once fetched: the object store may free old parameters
             self._params_version, self._boxed = version, (version, [])
         return self._params
 
@@ -148,17 +146,19 @@ class Writer:
     ) -> None:
         """An answer of the inbox: `(newest version, last block written, restarts)`, and
         the newest parameters' reference where the answer brought it (`[ref]`)."""
-        self._heard(version)
-        if boxed and version > self._boxed[0]:
-            self._boxed = (version, boxed)
+        self._heard(version, boxed)
         self._forget_through(last)
         if restarts != self._restarts:  # the learner went back to a checkpoint
             self._restarts = restarts
             self._answers.clear()  # answers from before the restart say nothing now
             self._send_again()
 
-    def _heard(self, version: int) -> None:
+    def _heard(self, version: int, boxed: Sequence[Any] = ()) -> None:
+        """What an answer says of the parameters: the newest version published, and its
+        reference where the answer brought one (`[ref]`)."""
         self._newest, self._heard_at = max(self._newest, version), time.monotonic()
+        if boxed and version > self._boxed[0]:
+            self._boxed = (version, boxed)
 
     @property
     def params_version(self) -> int:
